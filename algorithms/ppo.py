@@ -1,0 +1,728 @@
+"""PPO (clipped surrogate, GAE) for discrete-action gymnax environments, in one file.
+
+    python algorithms/ppo.py                                  # CartPole-v1, 8 seeds
+    python algorithms/ppo.py --env-name Acrobot-v1 --num-seeds 16 --lr 1e-3
+    python algorithms/ppo.py --sweep lr=1e-4,3e-4,1e-3 --sweep ent-coef=0,0.01
+    python algorithms/ppo.py --help                           # every option, its meaning and default
+
+The whole run (rollout, GAE, epochs of shuffled minibatch updates) is one jitted
+function; seeds and sweep points are vmapped into the same compiled program:
+
+    train = make_train(Config(env_name="CartPole-v1"))
+    runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
+
+Each run writes config.json, summary.json, metrics.npz, params.msgpack and
+learning_curve.png into a new directory under --runs-dir. Depends only on jax, flax,
+optax, gymnax, chex, numpy and matplotlib; copy this file anywhere and it runs.
+"""
+import os
+
+# XLA's CPU backend (jaxlib 0.10) can deadlock on these programs when several seeds are
+# vmapped; its older thread scheduler never did. Must be set before jax is imported.
+_XLA_CPU_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _XLA_CPU_FLAG).strip()
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import sys
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import chex
+import flax.linen as nn
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import serialization
+from jax.flatten_util import ravel_pytree
+
+ALGORITHM = "ppo"
+
+
+# --------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------
+def _option(default: Any, doc: str) -> Any:
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    env_name: str = _option("CartPole-v1", "gymnax environment id (discrete action space)")
+    total_timesteps: int = _option(300_000, "environment steps per run (all envs together)")
+    num_envs: int = _option(16, "parallel environments per run")
+    num_steps: int = _option(32, "steps per environment in each rollout")
+    update_epochs: int = _option(4, "passes over each rollout batch")
+    num_minibatches: int = _option(4, "minibatches per epoch; must divide num_envs * num_steps")
+    lr: float = _option(2.5e-3, "Adam learning rate (start value when annealed)")
+    anneal_lr: bool = _option(True, "decay the learning rate linearly to 0 over all gradient steps")
+    gamma: float = _option(0.99, "discount factor")
+    gae_lambda: float = _option(0.95, "GAE lambda (bias/variance trade-off of advantages)")
+    clip_eps: float = _option(0.2, "PPO ratio clip range; also clips the value update")
+    ent_coef: float = _option(0.01, "entropy bonus coefficient")
+    vf_coef: float = _option(0.5, "value loss coefficient")
+    max_grad_norm: float = _option(0.5, "global gradient-norm clip")
+    activation: str = _option("tanh", "hidden activation: tanh or relu")
+    hidden_size: int = _option(64, "units per hidden layer (actor and critic alike)")
+    num_layers: int = _option(2, "hidden layers in actor and critic")
+    eval_episodes: int = _option(16, "greedy evaluation episodes per run after training")
+    seed: int = _option(0, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]")
+    num_seeds: int = _option(8, "independent runs trained side by side (vmapped)")
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+
+# Float hyperparameters that may differ between runs of one compiled program (--sweep).
+class HParams(NamedTuple):
+    lr: jax.Array
+    gamma: jax.Array
+    gae_lambda: jax.Array
+    clip_eps: jax.Array
+    ent_coef: jax.Array
+    vf_coef: jax.Array
+    max_grad_norm: jax.Array
+
+
+SWEEPABLE = HParams._fields
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; raised before anything is compiled."""
+
+
+def hparams_from(config: Config) -> HParams:
+    return HParams(*(jnp.float32(getattr(config, name)) for name in SWEEPABLE))
+
+
+def validate(config: Config) -> None:
+    """Refuse a config that cannot run, naming the option and what is allowed."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
+                 "hidden_size", "num_layers", "eval_episodes", "num_seeds"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"--{_flag(name)} must be a positive integer, got {getattr(config, name)}")
+    _validate_hparams({name: getattr(config, name) for name in SWEEPABLE})
+    if config.activation not in ACTIVATIONS:
+        raise ConfigError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {config.activation!r}")
+    if config.batch_size % config.num_minibatches:
+        raise ConfigError(
+            f"--num-minibatches {config.num_minibatches} must divide num_envs * num_steps = "
+            f"{config.num_envs} * {config.num_steps} = {config.batch_size}")
+    if config.total_timesteps < config.batch_size:
+        raise ConfigError(
+            f"--total-timesteps {config.total_timesteps} is less than one rollout "
+            f"(num_envs * num_steps = {config.batch_size})")
+    make_env(config.env_name)  # unknown or continuous-action environments
+
+
+def _validate_hparams(values: dict) -> None:
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise ConfigError(f"--{_flag(name)} must be finite, got {value}")
+    if values["lr"] <= 0:
+        raise ConfigError(f"--lr must be positive, got {values['lr']}")
+    if not 0 <= values["gamma"] <= 1:
+        raise ConfigError(f"--gamma must be in [0, 1], got {values['gamma']}")
+    if not 0 <= values["gae_lambda"] <= 1:
+        raise ConfigError(f"--gae-lambda must be in [0, 1], got {values['gae_lambda']}")
+    for name in ("clip_eps", "max_grad_norm"):
+        if values[name] <= 0:
+            raise ConfigError(f"--{_flag(name)} must be positive, got {values[name]}")
+    for name in ("ent_coef", "vf_coef"):
+        if values[name] < 0:
+            raise ConfigError(f"--{_flag(name)} must be >= 0, got {values[name]}")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+# --------------------------------------------------------------------------------------
+# Environment wrapper
+# --------------------------------------------------------------------------------------
+def make_env(env_name: str):
+    """gymnax.make with errors a user can act on; only discrete action spaces."""
+    if env_name not in gymnax.registered_envs:
+        raise ConfigError(f"--env-name {env_name!r} is not a gymnax environment; choose one of: "
+                          + ", ".join(gymnax.registered_envs))
+    try:
+        env, env_params = gymnax.make(env_name)
+    except Exception as error:  # e.g. MNISTBandit downloads its data set
+        raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
+    if not isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete):
+        raise ConfigError(f"--env-name {env_name} has a continuous (Box) action space; ppo.py "
+                          "needs discrete actions (use ppo_continuous.py)")
+    return env, env_params
+
+
+class EnvStep(NamedTuple):
+    obs: jax.Array          # [num_envs, obs_dim] after auto-reset
+    state: Any
+    reward: jax.Array       # [num_envs] float32
+    terminated: jax.Array   # [num_envs] bool: the episode reached a terminal state
+    truncated: jax.Array    # [num_envs] bool: the episode hit its time limit
+    final_obs: jax.Array    # [num_envs, obs_dim] the true next observation, before auto-reset
+
+
+class StepNoise(NamedTuple):
+    """Everything random that one env step consumes, drawn ahead for a whole rollout."""
+    key: jax.Array          # [num_envs] keys for the transition itself
+    reset_obs: Any          # [num_envs, ...] a fresh episode's first observation (None: env resets itself)
+    reset_state: Any
+
+
+class VecEnv:
+    """`num_envs` copies of a gymnax env, stepped together, observations as flat float32.
+
+    gymnax's `Environment.step` splits its key and draws a reset state at every step, and on
+    CPU each random draw inside a loop is a small rolled threefry loop of its own. For envs
+    that use that stock `step`, `presample` draws the keys and reset states of a whole rollout
+    in one batched call and `step` does the same auto-reset from them. Envs that override
+    `step` (e.g. DeepSea keeps bsuite statistics across resets) are stepped through it.
+    """
+
+    def __init__(self, env_name: str, num_envs: int):
+        self.env, self.params = make_env(env_name)
+        self.num_envs = num_envs
+        self.obs_shape = tuple(self.env.observation_space(self.params).shape)
+        self.obs_dim = int(np.prod(self.obs_shape))
+        self.num_actions = int(self.env.action_space(self.params).n)
+        self.max_episode_steps = int(self.params.max_steps_in_episode)
+        self.stock_step = type(self.env).step is gymnax.environments.environment.Environment.step
+
+    def _flat(self, obs: jax.Array) -> jax.Array:
+        batch_shape = obs.shape[:obs.ndim - len(self.obs_shape)]
+        return obs.reshape(*batch_shape, self.obs_dim).astype(jnp.float32)
+
+    def reset(self, key: jax.Array):
+        keys = jax.random.split(key, self.num_envs)
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
+        return self._flat(obs), state
+
+    def presample(self, key: jax.Array, num_steps: int) -> StepNoise:
+        step_keys, reset_keys = jax.random.split(key, (2, num_steps, self.num_envs))
+        if not self.stock_step:
+            return StepNoise(step_keys, None, None)
+        reset_env = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
+        reset_obs, reset_state = reset_env(reset_keys, self.params)
+        return StepNoise(step_keys, self._flat(reset_obs), reset_state)
+
+    def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
+        if not self.stock_step:
+            obs, state, reward, terminated, truncated, info = jax.vmap(
+                self.env.step, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
+            return EnvStep(self._flat(obs), state, reward.astype(jnp.float32), terminated, truncated,
+                           self._flat(info["final_observation"]))
+        obs, state, reward, terminated, _ = jax.vmap(
+            self.env.step_env, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
+        truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(state, self.params)
+        done = terminated | truncated
+        final_obs = self._flat(obs)
+        select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
+        return EnvStep(select(done, noise.reset_obs, final_obs), select(done, noise.reset_state, state),
+                       reward.astype(jnp.float32), terminated, truncated, final_obs)
+
+
+# --------------------------------------------------------------------------------------
+# Networks
+# --------------------------------------------------------------------------------------
+class MLP(nn.Module):
+    """Separate actor and critic towers share this shape; only the output scale differs."""
+    out_dim: int
+    out_scale: float
+    hidden_size: int
+    num_layers: int
+    activation: str
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATIONS[self.activation]
+        for _ in range(self.num_layers):
+            x = act(nn.Dense(self.hidden_size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return nn.Dense(self.out_dim, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
+
+
+def make_networks(config: Config, num_actions: int):
+    """Actor -> logits (small initial output: a near-uniform first policy); critic -> value."""
+    shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers,
+                 activation=config.activation)
+    return MLP(num_actions, 0.01, **shape), MLP(1, 1.0, **shape)
+
+
+# --------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------
+class Transition(NamedTuple):
+    obs: jax.Array          # [T, N, obs_dim]
+    action: jax.Array       # [T, N]
+    log_prob: jax.Array     # [T, N] under the policy that acted
+    reward: jax.Array       # [T, N]
+    terminated: jax.Array   # [T, N]
+    done: jax.Array         # [T, N] terminated or truncated: the next obs starts a new episode
+    final_obs: jax.Array    # [T, N, obs_dim] true next observation (for bootstrapping)
+
+
+class Batch(NamedTuple):
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    advantage: jax.Array
+    target: jax.Array
+
+
+class Runner(NamedTuple):
+    """Everything one run carries from update to update."""
+    params: Any
+    opt_state: Any             # Adam state over the flattened parameter vector
+    env_state: Any
+    obs: jax.Array
+    episode_return: jax.Array  # [num_envs] return so far of each env's current episode
+    episode_length: jax.Array  # [num_envs]
+    rng: jax.Array
+    hparams: HParams
+
+
+def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
+    """Advantages and value targets for a [T, N] rollout.
+
+    `next_value[t]` is V of the true next observation (before auto-reset), so a time-limit
+    truncation bootstraps from the state it cut off; only `terminated` zeroes it. `done`
+    (either) stops the recursion from leaking advantages across episodes.
+    """
+    chex.assert_equal_shape([reward, value, next_value, terminated, done])
+    delta = reward + gamma * next_value * (1.0 - terminated) - value
+
+    def backward(next_advantage, step):
+        delta_t, done_t = step
+        advantage = delta_t + gamma * gae_lambda * (1.0 - done_t) * next_advantage
+        return advantage, advantage
+
+    _, advantage = jax.lax.scan(backward, jnp.zeros_like(delta[0]),
+                                (delta, done.astype(delta.dtype)), reverse=True)
+    return advantage, advantage + value
+
+
+def make_optimizer(config: Config, hparams: HParams):
+    num_grad_steps = config.num_updates * config.update_epochs * config.num_minibatches
+    if config.anneal_lr:
+        lr = lambda count: hparams.lr * (1.0 - count / num_grad_steps)  # noqa: E731
+    else:
+        lr = hparams.lr
+    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm),
+                       optax.adam(learning_rate=lr, eps=1e-5))
+
+
+def make_train(config: Config) -> Callable:
+    """Returns `train(rng, hparams=None) -> (runner, metrics)` running the whole config.
+
+    `metrics` maps names to arrays of shape [num_updates]. `train.init(rng, hparams)` and
+    `train.run(runner, first_update, num_updates)` are the two halves of `train`, for
+    callers (the command line) that run the updates in chunks to report progress.
+    """
+    validate(config)
+    env = VecEnv(config.env_name, config.num_envs)
+    actor, critic = make_networks(config, env.num_actions)
+    T, N, M = config.num_steps, config.num_envs, config.num_minibatches
+
+    def init_params(key: jax.Array):
+        actor_key, critic_key = jax.random.split(key)
+        dummy_obs = jnp.zeros((1, env.obs_dim))
+        return {"actor": actor.init(actor_key, dummy_obs), "critic": critic.init(critic_key, dummy_obs)}
+
+    # The optimizer sees one flat vector instead of a dozen small arrays: on CPU every array is a
+    # separate kernel launch in Adam and in the gradient-norm clip, which dominated a step.
+    shapes = jax.eval_shape(init_params, jax.random.PRNGKey(0))
+    _, unravel = ravel_pytree(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes))
+
+    def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
+        hparams = hparams_from(config) if hparams is None else hparams
+        rng, params_key, env_key = jax.random.split(rng, 3)
+        params = init_params(params_key)
+        obs, env_state = env.reset(env_key)
+        opt_state = make_optimizer(config, hparams).init(ravel_pytree(params)[0])
+        return Runner(params, opt_state, env_state, obs, jnp.zeros(N), jnp.zeros(N, jnp.int32), rng, hparams)
+
+    def update(runner: Runner, update_index: jax.Array):
+        params, hp = runner.params, runner.hparams
+        optimizer = make_optimizer(config, hp)
+
+        def env_step(carry, noise):
+            env_state, obs, episode_return, episode_length, finished = carry
+            action_noise, env_noise = noise
+            logits = actor.apply(params["actor"], obs)
+            action = jnp.argmax(logits + action_noise, -1)  # Gumbel-max: a sample of softmax(logits)
+            log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], -1)[:, 0]
+            step = env.step(env_noise, env_state, action)
+            done = step.terminated | step.truncated
+            episode_return = episode_return + step.reward
+            episode_length = episode_length + 1
+            # Sums over the episodes that end in this update: their mean is the logged return.
+            finished = (finished[0] + done.sum(), finished[1] + jnp.where(done, episode_return, 0.0).sum(),
+                        finished[2] + jnp.where(done, episode_length, 0).sum())
+            transition = Transition(obs, action, log_prob, step.reward, step.terminated, done, step.final_obs)
+            carry = (step.state, step.obs, jnp.where(done, 0.0, episode_return),
+                     jnp.where(done, 0, episode_length), finished)
+            return carry, transition
+
+        # All randomness of the rollout is drawn here in two batched calls, not step by step.
+        rng, action_key, env_key = jax.random.split(runner.rng, 3)
+        noise = (jax.random.gumbel(action_key, (T, N, env.num_actions)), env.presample(env_key, T))
+        no_episodes = (jnp.int32(0), jnp.float32(0), jnp.int32(0))
+        carry = (runner.env_state, runner.obs, runner.episode_return, runner.episode_length, no_episodes)
+        carry, transitions = jax.lax.scan(env_step, carry, noise)
+        env_state, obs, episode_return, episode_length, finished = carry
+
+        # The critic is not needed to act, so it runs once over the whole rollout instead of
+        # once per step; V(final_obs) gives every step's bootstrap value, last step included.
+        values = critic.apply(params["critic"], jnp.concatenate([transitions.obs, transitions.final_obs]))[..., 0]
+        value, next_value = values[:T], values[T:]
+        advantage, target = compute_gae(transitions.reward, value, next_value,
+                                        transitions.terminated.astype(jnp.float32), transitions.done,
+                                        hp.gamma, hp.gae_lambda)
+        batch = Batch(transitions.obs, transitions.action, transitions.log_prob, value, advantage, target)
+        batch = jax.tree.map(lambda x: x.reshape(T * N, *x.shape[2:]), batch)
+
+        def loss_fn(flat_params, minibatch: Batch):
+            params = unravel(flat_params)
+            logits = actor.apply(params["actor"], minibatch.obs)
+            log_probs = jax.nn.log_softmax(logits)
+            log_prob = jnp.take_along_axis(log_probs, minibatch.action[:, None], -1)[:, 0]
+            log_ratio = log_prob - minibatch.log_prob
+            ratio = jnp.exp(log_ratio)
+            advantage = minibatch.advantage
+            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+            policy_loss = -jnp.minimum(
+                ratio * advantage, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * advantage).mean()
+            value = critic.apply(params["critic"], minibatch.obs)[:, 0]
+            value_clipped = minibatch.value + jnp.clip(value - minibatch.value, -hp.clip_eps, hp.clip_eps)
+            value_loss = 0.5 * jnp.maximum(jnp.square(value - minibatch.target),
+                                           jnp.square(value_clipped - minibatch.target)).mean()
+            entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
+            loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
+            stats = {"loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
+                     "approx_kl": ((ratio - 1) - log_ratio).mean(),
+                     "clip_fraction": (jnp.abs(ratio - 1) > hp.clip_eps).mean()}
+            return loss, stats
+
+        def minibatch_step(train, minibatch: Batch):
+            flat_params, opt_state = train
+            grads, stats = jax.grad(loss_fn, has_aux=True)(flat_params, minibatch)
+            updates, opt_state = optimizer.update(grads, opt_state)
+            stats["grad_norm"] = jnp.linalg.norm(grads)
+            return (flat_params + updates, opt_state), stats
+
+        def epoch(carry, _):
+            train, rng = carry
+            rng, key = jax.random.split(rng)
+            order = jax.random.permutation(key, T * N)
+            minibatches = jax.tree.map(lambda x: x[order].reshape(M, T * N // M, *x.shape[1:]), batch)
+            train, stats = jax.lax.scan(minibatch_step, train, minibatches)
+            return (train, rng), stats
+
+        ((flat_params, opt_state), rng), stats = jax.lax.scan(
+            epoch, ((ravel_pytree(params)[0], runner.opt_state), rng), length=config.update_epochs)
+        params = unravel(flat_params)
+
+        num_finished, return_sum, length_sum = finished
+        any_finished = num_finished > 0
+        metrics = {
+            "env_steps": (update_index + 1) * T * N,
+            # NaN when no episode ended during this update: never a stale or zero-filled value.
+            "episode_return": jnp.where(any_finished, return_sum / jnp.maximum(num_finished, 1), jnp.nan),
+            "episode_length": jnp.where(any_finished, length_sum / jnp.maximum(num_finished, 1), jnp.nan),
+            "episodes_finished": num_finished,
+            **{name: value.mean() for name, value in stats.items()},
+            "finite": jnp.isfinite(stats["loss"]).all() & jnp.isfinite(flat_params).all(),
+        }
+        runner = Runner(params, opt_state, env_state, obs, episode_return, episode_length, rng, hp)
+        return runner, metrics
+
+    def run(runner: Runner, first_update: jax.Array, num_updates: int):
+        """`num_updates` updates from `first_update` on; those past the config's end are skipped."""
+        metrics_shape = jax.eval_shape(update, runner, jnp.int32(0))[1]
+
+        def step(runner, index):
+            def skip(runner, index):
+                return runner, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
+            return jax.lax.cond(index < config.num_updates, update, skip, runner, index)
+
+        return jax.lax.scan(step, runner, first_update + jnp.arange(num_updates, dtype=jnp.int32))
+
+    def train(rng: jax.Array, hparams: HParams | None = None):
+        return run(init(rng, hparams), jnp.int32(0), config.num_updates)
+
+    train.init, train.run = init, run
+    return train
+
+
+def make_evaluate(config: Config) -> Callable:
+    """Returns `evaluate(actor_params, rng) -> mean return` of `eval_episodes` greedy episodes."""
+    validate(config)
+    env = VecEnv(config.env_name, config.eval_episodes)
+    actor, _ = make_networks(config, env.num_actions)
+
+    def evaluate(actor_params, rng: jax.Array) -> jax.Array:
+        reset_key, rng = jax.random.split(rng)
+        obs, env_state = env.reset(reset_key)
+
+        def running(carry):
+            return carry[3].any() & (carry[5] < env.max_episode_steps)
+
+        def env_step(carry):
+            env_state, obs, total, alive, rng, t = carry
+            rng, key = jax.random.split(rng)
+            noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
+            step = env.step(noise, env_state, jnp.argmax(actor.apply(actor_params, obs), -1))
+            total = total + jnp.where(alive, step.reward, 0.0)
+            alive = alive & ~(step.terminated | step.truncated)
+            return step.state, step.obs, total, alive, rng, t + 1
+
+        carry = (env_state, obs, jnp.zeros(env.num_envs), jnp.ones(env.num_envs, bool), rng, 0)
+        return jax.lax.while_loop(running, env_step, carry)[2].mean()
+
+    return evaluate
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_args(argv: Sequence[str] | None = None):
+    parser = _Parser(prog=os.path.basename(sys.argv[0]) or "ppo.py",
+                     description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for field in dataclasses.fields(Config):
+        flag = "--" + _flag(field.name)
+        if field.type is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
+                                help=field.metadata["doc"])
+        else:
+            parser.add_argument(flag, type=field.type, default=field.default, metavar=field.type.__name__.upper(),
+                                help=field.metadata["doc"])
+    parser.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2,...",
+                        help=f"train every value in one compiled program (repeat for a grid); FIELD is one "
+                             f"of {', '.join(map(_flag, SWEEPABLE))}")
+    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
+    parser.add_argument("--compile-cache", action=argparse.BooleanOptionalAction, default=True,
+                        help="JAX persistent compilation cache (JAX_COMPILATION_CACHE_DIR, else "
+                             "~/.cache/jax_rl_compile)")
+    parser.add_argument("--quiet", action="store_true", help="print only the results directory")
+    args = parser.parse_args(argv)
+    config = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+    return config, parse_sweep(args.sweep), args
+
+
+def parse_sweep(specs: Sequence[str]) -> dict:
+    """['lr=1e-4,3e-4', 'gamma=0.9,0.99'] -> {'lr': [1e-4, 3e-4], 'gamma': [0.9, 0.99]}."""
+    sweep = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        name = name.strip().lstrip("-").replace("-", "_")
+        if not sep or name not in SWEEPABLE:
+            raise ConfigError(f"--sweep {spec!r}: expected FIELD=V1,V2,... with FIELD one of "
+                              + ", ".join(map(_flag, SWEEPABLE)))
+        try:
+            sweep[name] = [float(v) for v in values.split(",")]
+        except ValueError:
+            raise ConfigError(f"--sweep {spec!r}: values must be numbers separated by commas") from None
+    return sweep
+
+
+def sweep_points(config: Config, sweep: dict) -> list[dict]:
+    """The grid of hyperparameter values, one dict per point; [{}] when nothing is swept."""
+    points = [dict(zip(sweep, values)) for values in itertools.product(*sweep.values())]
+    for point in points:
+        _validate_hparams({name: point.get(name, getattr(config, name)) for name in SWEEPABLE})
+    return points
+
+
+def enable_compile_cache() -> None:
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax_rl_compile"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def new_run_dir(runs_dir: str, config: Config) -> str:
+    """A directory no earlier run has used: created atomically, never reused."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in itertools.count():
+        path = os.path.join(runs_dir, f"{ALGORITHM}-{config.env_name}-{stamp}" + (f"-{attempt}" if attempt else ""))
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            continue
+
+
+def final_returns(metrics: dict, fraction: float = 0.05) -> np.ndarray:
+    """Per run: mean return of the episodes that ended in the last `fraction` of updates."""
+    returns, counts = metrics["episode_return"], metrics["episodes_finished"]
+    last = max(1, int(math.ceil(returns.shape[-1] * fraction)))
+    returns, counts = returns[..., -last:], counts[..., -last:]
+    total = np.where(counts > 0, returns * counts, 0.0).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total / counts.sum(-1)
+
+
+def package_versions() -> dict:
+    from importlib import metadata
+    versions = {"python": sys.version.split()[0]}
+    for name in ("jax", "jaxlib", "flax", "optax", "gymnax", "chex", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def plot_learning_curves(path: str, metrics: dict, labels: list[str], config: Config) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    steps = metrics["env_steps"][0, 0]
+    for point, label in enumerate(labels):
+        returns = metrics["episode_return"][point]  # [seeds, updates]
+        with np.errstate(invalid="ignore"), __import__("warnings").catch_warnings():
+            __import__("warnings").simplefilter("ignore", RuntimeWarning)
+            mean, low, high = (np.nanmean(returns, 0), np.nanmin(returns, 0), np.nanmax(returns, 0))
+        line, = ax.plot(steps, mean, label=label or f"mean of {returns.shape[0]} seeds")
+        ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("environment steps (per run)")
+    ax.set_ylabel("episode return")
+    ax.set_title(f"{ALGORITHM} on {config.env_name}: mean, min-max band over {config.num_seeds} seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config, sweep, args = parse_args(argv)
+        validate(config)
+        points = sweep_points(config, sweep)
+    except ConfigError as error:
+        print(f"{os.path.basename(sys.argv[0]) or 'ppo.py'}: error: {error}", file=sys.stderr)
+        return 2
+    say = (lambda *a, **k: None) if args.quiet else (lambda *a, **k: print(*a, **k, flush=True))
+    if args.compile_cache:
+        enable_compile_cache()
+
+    # Runs are laid out [sweep point, seed]; every point sees the same seeds.
+    G, S = len(points), config.num_seeds
+    keys = jax.random.split(jax.random.PRNGKey(config.seed), S)
+    hparams = HParams(*(jnp.array([p.get(n, getattr(config, n)) for p in points], jnp.float32)
+                        for n in SWEEPABLE))
+    train = make_train(config)
+    init = jax.jit(jax.vmap(jax.vmap(train.init, (0, None)), (None, 0)))
+    chunk = max(1, math.ceil(config.num_updates / 10))  # ~10 progress reports
+    run = jax.jit(jax.vmap(jax.vmap(lambda r, first: train.run(r, first, chunk), (0, None)), (0, None)))
+    evaluate = jax.jit(jax.vmap(jax.vmap(make_evaluate(config)), (0, None)))
+
+    say(f"{ALGORITHM} on {config.env_name}: {G * S} run(s) ({S} seeds x {G} sweep points), "
+        f"{config.num_updates} updates of {config.batch_size} env steps each, backend {jax.default_backend()}")
+    start = time.perf_counter()
+    runner = init(keys, hparams)
+    run_compiled = run.lower(runner, jnp.int32(0)).compile()
+    jax.block_until_ready(runner)
+    compile_seconds = time.perf_counter() - start
+    say(f"compiled in {compile_seconds:.1f} s")
+
+    chunks, start = [], time.perf_counter()
+    for first in range(0, config.num_updates, chunk):
+        runner, metrics = run_compiled(runner, jnp.int32(first))
+        chunks.append(metrics)
+        if not args.quiet or first + chunk >= config.num_updates:
+            done_updates = min(first + chunk, config.num_updates)
+            host = jax.device_get(metrics)
+            seconds = time.perf_counter() - start
+            with np.errstate(invalid="ignore"), __import__("warnings").catch_warnings():
+                __import__("warnings").simplefilter("ignore", RuntimeWarning)
+                recent = np.nanmean(host["episode_return"][..., : done_updates - first])
+            say(f"[{100 * done_updates / config.num_updates:5.1f}%] update {done_updates}/{config.num_updates}"
+                f"  env steps {done_updates * config.batch_size:,}  return {recent:8.2f}"
+                f"  {done_updates * config.batch_size * G * S / seconds:,.0f} steps/s")
+    metrics = jax.device_get(jax.tree.map(lambda *c: jnp.concatenate(c, axis=-1), *chunks))
+    metrics = {k: np.asarray(v)[..., : config.num_updates] for k, v in metrics.items()}
+    train_seconds = time.perf_counter() - start
+
+    eval_start = time.perf_counter()
+    eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), S)
+    eval_returns = np.asarray(evaluate(runner.params["actor"], eval_keys))
+    eval_seconds = time.perf_counter() - eval_start
+
+    run_dir = new_run_dir(args.runs_dir, config)
+    labels = [", ".join(f"{k}={v:g}" for k, v in p.items()) for p in points]
+    finals = final_returns(metrics)  # [G, S]
+    per_point = [{"sweep_point": p, "final_return_mean": float(np.nanmean(f)), "final_return_std": float(np.nanstd(f)),
+                  "final_return_per_seed": [float(x) for x in f], "eval_return_mean": float(np.mean(e))}
+                 for p, f, e in zip(points, finals, eval_returns)]
+    best = max(range(G), key=lambda g: -math.inf if math.isnan(per_point[g]["final_return_mean"])
+               else per_point[g]["final_return_mean"])
+    nonfinite = ~metrics["finite"]
+    summary = {
+        "algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": S, "total_timesteps": config.total_timesteps,
+        **{k: v for k, v in per_point[best].items() if k != "sweep_point"},
+        "compile_seconds": compile_seconds, "train_seconds": train_seconds, "eval_seconds": eval_seconds,
+        "steps_per_second": config.num_updates * config.batch_size * G * S / train_seconds,
+        "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+        "versions": package_versions(),
+    }
+    if sweep:
+        summary.update(best_sweep_point=points[best], sweep=per_point)
+    if nonfinite.any():
+        first_bad = int(np.argmax(nonfinite.any(axis=(0, 1))))
+        g, s = map(int, np.argwhere(nonfinite[:, :, first_bad])[0])
+        summary["nonfinite"] = {"first_update": first_bad + 1, "env_steps": (first_bad + 1) * config.batch_size,
+                                "seed_index": s, "sweep_point": points[g]}
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump({**dataclasses.asdict(config), "sweep": sweep}, f, indent=2)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    np.savez_compressed(os.path.join(run_dir, "metrics.npz"), eval_return=eval_returns,
+                        **{f"sweep_{k}": np.array([p[k] for p in points]) for k in sweep}, **metrics)
+    with open(os.path.join(run_dir, "params.msgpack"), "wb") as f:
+        f.write(serialization.to_bytes(jax.device_get(runner.params)))
+    plot_learning_curves(os.path.join(run_dir, "learning_curve.png"), metrics, labels, config)
+
+    for p, label in zip(per_point, labels):
+        say(f"{label or 'final'}: return {p['final_return_mean']:.1f} ± {p['final_return_std']:.1f} over "
+            f"{S} seeds (last 5% of training), greedy eval {p['eval_return_mean']:.1f}")
+    say(f"compile {compile_seconds:.1f} s, train {train_seconds:.1f} s "
+        f"({summary['steps_per_second']:,.0f} env steps/s), eval {eval_seconds:.1f} s")
+    print(f"results: {run_dir}", flush=True)
+    if nonfinite.any():
+        bad = summary["nonfinite"]
+        print(f"error: non-finite loss or parameters first appeared at update {bad['first_update']} "
+              f"(env step {bad['env_steps']:,}, seed index {bad['seed_index']}"
+              + (f", sweep point {bad['sweep_point']}" if sweep else "") + ")", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
