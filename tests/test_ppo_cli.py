@@ -1,0 +1,285 @@
+"""The command line, run as a user would: `python algorithms/ppo.py ...` in a subprocess.
+
+Every run here shares one fresh compile cache (JAX_COMPILATION_CACHE_DIR in a temp dir), so
+only the first run of each program shape pays for compilation; runs that differ only in
+float hyperparameters (which are run-time inputs) reuse it.
+"""
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import serialization
+
+SMALL = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", "2"]
+SMALL_UPDATES, SMALL_SEEDS = 2048 // (4 * 32), 2
+RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
+SUMMARY_KEYS = {"algorithm", "env_name", "num_seeds", "total_timesteps", "final_return_mean", "final_return_std",
+                "final_return_per_seed", "eval_return_mean", "compile_seconds", "train_seconds",
+                "steps_per_second", "versions", "backend"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SWEEP_LRS = (1e-3, 3e-3)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("jax_compile_cache")
+
+
+@pytest.fixture(scope="module")
+def cli(cache_dir, root, ppo_path):
+    def run(*args, cwd=None, script=None, timeout=300):
+        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir))
+        return subprocess.run([sys.executable, str(script or ppo_path), *map(str, args)], cwd=cwd or root,
+                              env=env, capture_output=True, text=True, timeout=timeout)
+    return run
+
+
+def results_dir(proc, cwd) -> pathlib.Path:
+    """The directory named by the `results: DIR` last line of stdout."""
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("results: "), proc.stdout
+    return pathlib.Path(cwd, last[len("results: "):])
+
+
+def assert_ok(proc, code=0):
+    assert proc.returncode == code, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def load_run(run_dir: pathlib.Path):
+    assert {p.name for p in run_dir.iterdir()} >= RUN_FILES
+    config = strict_json(run_dir / "config.json")
+    summary = strict_json(run_dir / "summary.json")
+    with np.load(run_dir / "metrics.npz") as npz:
+        metrics = {k: npz[k] for k in npz.files}
+    params = serialization.msgpack_restore((run_dir / "params.msgpack").read_bytes())
+    assert (run_dir / "learning_curve.png").read_bytes()[:8] == PNG_MAGIC
+    return config, summary, metrics, params
+
+
+def strict_json(path: pathlib.Path):
+    """JSON as other tools read it: NaN and Infinity are not JSON (Python's json allows them)."""
+    def refuse(constant):
+        raise ValueError(f"{path.name}: {constant} is not valid JSON")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def floats(values) -> np.ndarray:
+    """Summary numbers to an array; null (no value, e.g. no finished episode) becomes NaN."""
+    return np.array([np.nan if v is None else v for v in values], float)
+
+
+def snapshot(directory: pathlib.Path) -> dict:
+    return {p.relative_to(directory): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def small_run(cli, root, tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("runs")
+    proc = cli(*SMALL, "--runs-dir", runs_dir)
+    assert_ok(proc)
+    return proc, runs_dir, results_dir(proc, root)
+
+
+@pytest.fixture(scope="module")
+def copied_script_run(cli, ppo_path, tmp_path_factory):
+    """ppo.py copied alone into an empty directory and run there (the SMALL config at lr=3e-3)."""
+    workdir = tmp_path_factory.mktemp("alone")
+    shutil.copy(ppo_path, workdir / "ppo.py")
+    proc = cli(*SMALL, "--lr", SWEEP_LRS[1], cwd=workdir, script=workdir / "ppo.py")
+    return proc, workdir
+
+
+def test_small_run_writes_a_complete_run_directory(ppo, small_run):
+    proc, runs_dir, run_dir = small_run
+    assert run_dir.parent.resolve() == runs_dir.resolve()
+    assert [p.name for p in runs_dir.iterdir()] == [run_dir.name]
+    config, summary, metrics, params = load_run(run_dir)
+
+    # config.json: the full Config as given on the command line.
+    assert set(config) >= {f.name for f in dataclasses.fields(ppo.Config)}
+    given = (config["total_timesteps"], config["num_envs"], config["num_steps"], config["num_seeds"])
+    assert given == (2048, 4, 32, SMALL_SEEDS)
+    assert config["lr"] == ppo.Config().lr and config["env_name"] == "CartPole-v1"
+
+    assert SUMMARY_KEYS <= set(summary), SUMMARY_KEYS - set(summary)
+    assert summary["algorithm"] == "ppo" and summary["env_name"] == "CartPole-v1"
+    assert summary["num_seeds"] == SMALL_SEEDS and summary["total_timesteps"] == 2048
+    assert summary["backend"] == jax.default_backend()  # the child sees the same devices
+    assert {"jax", "flax", "optax", "gymnax", "numpy"} <= set(summary["versions"])
+    assert len(summary["final_return_per_seed"]) == SMALL_SEEDS
+    for key in ("compile_seconds", "train_seconds", "steps_per_second"):
+        assert summary[key] > 0, key
+    assert "sweep" not in summary and "nonfinite" not in summary
+
+    # metrics.npz: [updates] curves for every seed; consistent with the summary.
+    episode_return = metrics["episode_return"]
+    assert episode_return.shape[-2:] == (SMALL_SEEDS, SMALL_UPDATES)
+    assert episode_return.size == SMALL_SEEDS * SMALL_UPDATES
+    for name in ("env_steps", "episodes_finished", "loss", "entropy", "finite"):
+        assert metrics[name].shape == episode_return.shape, name
+    assert metrics["finite"].all()
+    env_steps = metrics["env_steps"].reshape(-1, SMALL_UPDATES)
+    np.testing.assert_array_equal(env_steps, np.broadcast_to(np.arange(1, SMALL_UPDATES + 1) * 128, env_steps.shape))
+    finals = ppo.final_returns(metrics).reshape(-1)
+    np.testing.assert_allclose(floats(summary["final_return_per_seed"]), finals, rtol=1e-6)
+    if not np.isnan(finals).all():
+        assert summary["final_return_mean"] == pytest.approx(float(np.nanmean(finals)), rel=1e-6)
+    assert metrics["eval_return"].size == SMALL_SEEDS
+    assert summary["eval_return_mean"] == pytest.approx(float(np.mean(metrics["eval_return"])), rel=1e-6)
+    assert 0 < summary["eval_return_mean"] <= 500
+
+    # params.msgpack: actor and critic of every seed.
+    assert set(params) == {"actor", "critic"}
+    leaves = dict(_leaves(params))
+    assert leaves
+    for path, leaf in leaves.items():
+        own_ndim = 2 if path.endswith("kernel") else 1  # Dense kernel [in, out], bias [out]
+        assert int(np.prod(leaf.shape[:-own_ndim])) == SMALL_SEEDS, (path, leaf.shape)
+        assert np.isfinite(leaf).all(), path
+    assert leaves["actor/params/Dense_0/kernel"].shape[-2:] == (4, ppo.Config().hidden_size)  # CartPole obs
+
+
+def _leaves(tree, prefix=""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, f"{prefix}{key}/")
+    else:
+        yield prefix.rstrip("/"), np.asarray(tree)
+
+
+def test_second_run_gets_a_new_directory(cli, root, small_run):
+    _, runs_dir, first_dir = small_run
+    before = snapshot(first_dir)
+    proc = cli(*SMALL, "--runs-dir", runs_dir, "--quiet")
+    assert_ok(proc)
+    assert proc.stdout.strip().splitlines() == [proc.stdout.strip()], "--quiet prints only the results line"
+    second_dir = results_dir(proc, root)
+    assert second_dir.resolve() != first_dir.resolve()
+    assert sorted(p.name for p in runs_dir.iterdir()) == sorted([first_dir.name, second_dir.name])
+    assert snapshot(first_dir) == before, "the first run's files were touched"
+    # Same config and seed in a new process (compiled program from the cache): same training.
+    _, _, first, _ = load_run(first_dir)
+    _, _, second, _ = load_run(second_dir)
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+
+
+def test_new_run_dir_never_reuses_a_directory(ppo, tmp_path):
+    """Runs started within the same second (the name's timestamp) still get distinct directories."""
+    config = ppo.Config()
+    made = [pathlib.Path(ppo.new_run_dir(str(tmp_path), config)) for _ in range(3)]
+    assert len({p.resolve() for p in made}) == 3
+    assert all(p.is_dir() and p.parent == tmp_path for p in made)
+    (made[0] / "marker").write_text("first")
+    made.append(pathlib.Path(ppo.new_run_dir(str(tmp_path), config)))
+    assert made[-1] not in made[:-1] and (made[0] / "marker").read_text() == "first"
+
+
+def test_sweep_has_a_leading_sweep_axis(ppo, cli, root, tmp_path, copied_script_run):
+    runs_dir = tmp_path / "runs"
+    proc = cli(*SMALL, "--sweep", "lr=" + ",".join(map(str, SWEEP_LRS)), "--runs-dir", runs_dir)
+    assert_ok(proc)
+    config, summary, metrics, params = load_run(results_dir(proc, root))
+    assert metrics["episode_return"].shape == (len(SWEEP_LRS), SMALL_SEEDS, SMALL_UPDATES)
+    assert metrics["loss"].shape == (len(SWEEP_LRS), SMALL_SEEDS, SMALL_UPDATES)
+    np.testing.assert_allclose(metrics["sweep_lr"], SWEEP_LRS)
+    assert config["sweep"] == {"lr": list(SWEEP_LRS)}
+
+    sweep = summary["sweep"]
+    assert [point["sweep_point"] for point in sweep] == [{"lr": lr} for lr in SWEEP_LRS]
+    finals = ppo.final_returns(metrics)
+    for point, final in zip(sweep, finals):
+        np.testing.assert_allclose(floats(point["final_return_per_seed"]), final, rtol=1e-6)
+    means = floats([point["final_return_mean"] for point in sweep])
+    np.testing.assert_allclose(means, [np.nanmean(f) if not np.isnan(f).all() else np.nan for f in finals],
+                               rtol=1e-6)
+    best = sweep[int(np.argmax(np.nan_to_num(means, nan=-np.inf)))]
+    assert summary["best_sweep_point"] == best["sweep_point"]
+    assert summary["final_return_mean"] == best["final_return_mean"]
+    # Parameters of every run: [sweep point, seed, ...].
+    kernel = params["actor"]["params"]["Dense_0"]["kernel"]
+    assert kernel.shape[:2] == (len(SWEEP_LRS), SMALL_SEEDS)
+
+    # The lr=3e-3 point trains exactly like a plain --lr 3e-3 run (here: the copied script's).
+    alone_proc, workdir = copied_script_run
+    assert_ok(alone_proc)
+    _, _, plain, _ = load_run(results_dir(alone_proc, workdir))
+    point = {k: v[1] for k, v in metrics.items() if v.ndim == 3}
+    for name, value in point.items():
+        want = plain[name].reshape(value.shape)
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(value, want, err_msg=name)
+    assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3)
+
+
+def test_copied_script_runs_on_its_own(copied_script_run):
+    proc, workdir = copied_script_run
+    assert_ok(proc)
+    run_dir = results_dir(proc, workdir)
+    assert run_dir.resolve().parent == (workdir / "runs").resolve()  # default --runs-dir, relative to cwd
+    load_run(run_dir)
+    assert {p.name for p in workdir.iterdir()} == {"ppo.py", "runs"}
+
+
+def test_diverging_run_exits_3_and_still_writes_results(cli, root, tmp_path):
+    runs_dir = tmp_path / "runs"
+    proc = cli(*SMALL, "--lr", "1e30", "--max-grad-norm", "1e30", "--runs-dir", runs_dir)
+    assert_ok(proc, code=3)
+    run_dir = results_dir(proc, root)
+    _, summary, metrics, _ = load_run(run_dir)
+    finite = metrics["finite"].reshape(-1, SMALL_UPDATES)
+    assert not finite.all()
+    first_bad = int(np.argmin(finite.all(axis=0))) + 1  # 1-based, as users count updates
+    assert summary["nonfinite"]["first_update"] == first_bad
+    assert summary["nonfinite"]["env_steps"] == first_bad * 128
+    message = proc.stderr.strip().splitlines()
+    assert len(message) == 1 and re.search(rf"\bupdate {first_bad}\b", message[0]), proc.stderr
+
+
+def test_help_lists_every_option(ppo, cli):
+    proc = cli("--help")
+    assert_ok(proc)
+    for field in dataclasses.fields(ppo.Config):
+        assert "--" + field.name.replace("_", "-") in proc.stdout, field.name
+    for flag in ("--sweep", "--runs-dir", "--no-compile-cache", "--quiet"):
+        assert flag in proc.stdout, flag
+
+
+BAD_INPUTS = {
+    "unknown-env": (["--env-name", "Nope-v0"], "--env-name"),
+    "continuous-env": (["--env-name", "Pendulum-v1"], "--env-name"),
+    "minibatches-do-not-divide": (["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
+                                  "--num-minibatches"),
+    "zero-envs": (["--num-envs", "0"], "--num-envs"),
+    "negative-lr": (["--lr", "-1"], "--lr"),
+    "not-an-int": (["--num-envs", "four"], "--num-envs"),
+    "sweep-unknown-field": (["--sweep", "foo=1,2"], "--sweep"),
+    "sweep-not-numbers": (["--sweep", "lr=abc"], "--sweep"),
+    "sweep-value-out-of-range": (["--sweep", "gamma=0.9,1.5"], "gamma"),
+    "unknown-flag": (["--no-such-flag", "1"], "--no-such-flag"),
+}
+
+
+@pytest.mark.parametrize("args, option", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_exits_2_with_one_line(cli, tmp_path, args, option):
+    runs_dir = tmp_path / "runs"
+    proc = cli(*args, "--runs-dir", runs_dir, timeout=120)
+    assert_ok(proc, code=2)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert option in lines[0], lines[0]
+    assert proc.stdout == ""
+    assert not runs_dir.exists() or not any(runs_dir.iterdir())

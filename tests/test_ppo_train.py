@@ -1,0 +1,205 @@
+"""make_train on a tiny config: vmap consistency, determinism, sweeps, metric bookkeeping.
+
+Every compiled program here is built once per module (fixtures) and shared between tests.
+"""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+# Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
+RTOL, ATOL = 1e-5, 1e-6
+METRIC_NAMES = {"env_steps", "episode_return", "episode_length", "episodes_finished", "loss", "policy_loss",
+                "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "finite"}
+OTHER_LR = 1e-3  # a learning rate that is not the config's
+
+
+@pytest.fixture(scope="module")
+def config(ppo):
+    config = ppo.Config(env_name="CartPole-v1", num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6,
+                        num_minibatches=2, update_epochs=2, num_seeds=1)
+    assert config.num_updates == 6 and config.lr != OTHER_LR
+    return config
+
+
+@pytest.fixture(scope="module")
+def train(ppo, config):
+    return ppo.make_train(config)
+
+
+@pytest.fixture(scope="module")
+def keys():
+    return jax.random.split(jax.random.PRNGKey(42), 3)
+
+
+@pytest.fixture(scope="module")
+def single(train, keys):
+    """jax.jit(train) on keys 0 and 1, and on key 0 a second time."""
+    run = jax.jit(train)
+    return [jax.device_get(run(key)) for key in (keys[0], keys[1], keys[0])]
+
+
+@pytest.fixture(scope="module")
+def batched(train, keys):
+    """jax.jit(jax.vmap(train)) on all three keys at once."""
+    return jax.device_get(jax.jit(jax.vmap(train))(keys))
+
+
+def assert_metrics_close(got, want, exact_keys=("env_steps", "episodes_finished", "finite")):
+    assert set(got) == set(want)
+    for name in want:
+        if name in exact_keys:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def assert_trees_close(got, want):
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL), got, want)
+
+
+def row(tree, i):
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def test_vmapped_run_matches_single_runs(single, batched):
+    runner, metrics = batched
+    for i in (0, 1):
+        single_runner, single_metrics = single[i]
+        assert_metrics_close(row(metrics, i), single_metrics)
+        assert_trees_close(row(runner.params, i), single_runner.params)
+        # Episode bookkeeping is integer/step counting: identical, not merely close.
+        for name in ("episode_return", "episode_length"):
+            np.testing.assert_array_equal(row(metrics, i)[name], single_metrics[name], err_msg=name)
+
+
+def test_same_key_same_result(single):
+    (runner_a, metrics_a), _, (runner_b, metrics_b) = single
+    for name in metrics_a:
+        np.testing.assert_array_equal(metrics_a[name], metrics_b[name], err_msg=name)
+    jax.tree.map(np.testing.assert_array_equal, runner_a.params, runner_b.params)
+
+
+def test_different_keys_differ(train, keys, single):
+    init = jax.jit(train.init)
+    params = [jax.device_get(init(key).params) for key in keys[:2]]
+    again = jax.device_get(init(keys[0]).params)
+    jax.tree.map(np.testing.assert_array_equal, params[0], again)
+    for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
+        if np.abs(a).sum() > 0:  # biases start at zero for every key
+            assert not np.array_equal(a, b)
+    (_, metrics_a), (_, metrics_b), _ = single
+    assert not np.array_equal(metrics_a["loss"], metrics_b["loss"])
+    assert not np.array_equal(metrics_a["entropy"], metrics_b["entropy"])
+
+
+def test_sweep_point_equals_run_with_that_config(ppo, config, keys, single):
+    """vmap over HParams(lr=[OTHER_LR, config.lr]) of a program built for lr=OTHER_LR: the
+    second point must be the run whose Config says lr=config.lr."""
+    other = dataclasses.replace(config, lr=OTHER_LR)
+    train_other = ppo.make_train(other)
+    hparams = ppo.hparams_from(other)
+    hparams = jax.tree.map(lambda x: jnp.stack([x, x]), hparams)._replace(
+        lr=jnp.array([OTHER_LR, config.lr], jnp.float32))
+    runner, metrics = jax.device_get(jax.jit(jax.vmap(train_other, in_axes=(None, 0)))(keys[0], hparams))
+
+    single_runner, single_metrics = single[0]  # make_train(config)(keys[0])
+    assert_metrics_close(row(metrics, 1), single_metrics)
+    assert_trees_close(row(runner.params, 1), single_runner.params)
+    np.testing.assert_allclose(runner.hparams.lr, [OTHER_LR, config.lr], rtol=1e-7)
+    # The learning rate really is a run-time input: the two points train differently.
+    assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3)
+
+
+def test_chunked_run_matches_train(train, config, keys, single):
+    """train.init + train.run in chunks (what the command line does) == train; updates past
+    the config's end are skipped and leave the runner alone."""
+    chunk = 4
+    init = jax.jit(train.init)
+    run = jax.jit(train.run, static_argnums=2)
+    runner = init(keys[0])
+    parts = []
+    for first in range(0, 2 * chunk, chunk):  # updates 0..7 of 6
+        runner, metrics = run(runner, jnp.int32(first), chunk)
+        parts.append(jax.device_get(metrics))
+    metrics = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    single_runner, single_metrics = single[0]
+    assert_metrics_close({k: v[:config.num_updates] for k, v in metrics.items()}, single_metrics)
+    assert_trees_close(jax.device_get(runner.params), single_runner.params)
+    assert not metrics["finite"][config.num_updates:].any()  # skipped updates report nothing
+
+
+def test_metric_shapes_and_bookkeeping(config, single, batched):
+    runner, metrics = single[0]
+    assert METRIC_NAMES <= set(metrics)
+    U = config.num_updates
+    for name, value in metrics.items():
+        assert np.shape(value) == (U,), name
+    _, all_metrics = batched
+    for name, value in all_metrics.items():
+        assert np.shape(value) == (3, U), name
+
+    # env_steps: cumulative over all envs.
+    np.testing.assert_array_equal(metrics["env_steps"], np.arange(1, U + 1) * config.batch_size)
+
+    finished = all_metrics["episodes_finished"]
+    assert np.issubdtype(finished.dtype, np.integer)
+    assert (finished >= 0).all()
+    # NaN exactly where no episode ended; both cases must occur for this check to mean anything.
+    assert (finished == 0).any() and (finished > 0).any()
+    for name in ("episode_return", "episode_length"):
+        np.testing.assert_array_equal(np.isnan(all_metrics[name]), finished == 0, err_msg=name)
+
+    assert metrics["finite"].dtype == bool and all_metrics["finite"].all()
+    for name in METRIC_NAMES - {"finite"}:
+        assert np.isfinite(np.nan_to_num(all_metrics[name], nan=0.0)).all(), name
+    assert (all_metrics["entropy"] > 0).all() and (all_metrics["entropy"] <= math.log(2) + 1e-6).all()
+    assert ((all_metrics["clip_fraction"] >= 0) & (all_metrics["clip_fraction"] <= 1)).all()
+    assert (all_metrics["approx_kl"] >= -1e-6).all()
+    assert (all_metrics["grad_norm"] > 0).all()
+
+
+def test_episode_accounting_adds_up(config, single, batched):
+    """Every env step belongs to a finished episode (logged) or to the episode still running
+    (in the runner). CartPole pays 1 per step, so a return equals its length."""
+    runner, metrics = batched
+    finished = metrics["episodes_finished"]
+    lengths = np.where(finished > 0, metrics["episode_length"], 0.0) * finished
+    total = lengths.sum(-1) + runner.episode_length.sum(-1)
+    np.testing.assert_allclose(total, config.num_updates * config.batch_size, rtol=1e-6)
+    np.testing.assert_array_equal(metrics["episode_return"], metrics["episode_length"])
+    np.testing.assert_array_equal(runner.episode_return, runner.episode_length)
+    valid = finished > 0
+    assert (metrics["episode_length"][valid] >= 1).all()
+    assert (metrics["episode_length"][valid] <= 500).all()
+
+
+def test_final_returns_weights_by_episode_count(ppo):
+    U = 20
+    returns = np.full((2, U), 1e6, np.float32)  # outside the window: must be ignored
+    counts = np.full((2, U), 7, np.int32)
+    # fraction 0.25 -> the last 5 updates.
+    returns[0, -5:] = [10.0, np.nan, 30.0, 20.0, np.nan]
+    counts[0, -5:] = [1, 0, 3, 1, 0]
+    returns[1, -5:] = np.nan
+    counts[1, -5:] = 0
+    metrics = {"episode_return": returns, "episodes_finished": counts}
+    got = ppo.final_returns(metrics, fraction=0.25)
+    assert got.shape == (2,)
+    assert got[0] == pytest.approx((10 * 1 + 30 * 3 + 20 * 1) / 5)
+    assert np.isnan(got[1])  # no episode ended in the window
+
+    # Default: the last 5% of 40 updates = the last 2.
+    returns = np.full(40, 1e6, np.float32)
+    counts = np.full(40, 2, np.int32)
+    returns[-2:] = [100.0, 400.0]
+    counts[-2:] = [3, 1]
+    got = ppo.final_returns({"episode_return": returns, "episodes_finished": counts})
+    assert float(got) == pytest.approx((100 * 3 + 400) / 4)
+
+    # Fewer updates than 1/fraction: still at least the last update.
+    got = ppo.final_returns({"episode_return": np.array([5.0, 9.0]), "episodes_finished": np.array([1, 2])})
+    assert float(got) == pytest.approx(9.0)
