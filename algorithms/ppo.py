@@ -437,16 +437,15 @@ def make_train(config: Config) -> Callable:
             stats["grad_norm"] = jnp.linalg.norm(grads)
             return (flat_params + updates, opt_state), stats
 
-        def epoch(carry, _):
-            train, rng = carry
-            rng, key = jax.random.split(rng)
-            order = jax.random.permutation(key, T * N)
+        def epoch(train, order):
             minibatches = jax.tree.map(lambda x: x[order].reshape(M, T * N // M, *x.shape[1:]), batch)
-            train, stats = jax.lax.scan(minibatch_step, train, minibatches)
-            return (train, rng), stats
+            return jax.lax.scan(minibatch_step, train, minibatches)
 
-        ((flat_params, opt_state), rng), stats = jax.lax.scan(
-            epoch, ((ravel_pytree(params)[0], runner.opt_state), rng), length=config.update_epochs)
+        # Every epoch's shuffle in one batched sort: one at a time they cost ~10% of an update.
+        rng, shuffle_key = jax.random.split(rng)
+        orders = jax.vmap(jax.random.permutation, in_axes=(0, None))(
+            jax.random.split(shuffle_key, config.update_epochs), T * N)
+        (flat_params, opt_state), stats = jax.lax.scan(epoch, (ravel_pytree(params)[0], runner.opt_state), orders)
         params = unravel(flat_params)
 
         num_finished, return_sum, length_sum = finished

@@ -137,7 +137,11 @@ def main() -> None:
         purejaxrl = None
     for round_index in range(args.rounds):
         for seeds in map(int, args.seed_counts.split(",")):
-            jobs = [("ours", [sys.executable, os.path.abspath(__file__), "worker", "--seeds", str(seeds)], None)]
+            ours = [sys.executable, os.path.abspath(__file__), "worker", "--seeds", str(seeds)]
+            jobs = [("ours", ours, None),
+                    # the same, under XLA's default CPU scheduler, which ppo.py turns off by default
+                    ("ours_default_scheduler", ours,
+                     {**os.environ, "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"})]
             if purejaxrl:
                 jobs.append(("purejaxrl", [sys.executable, peer_driver, "ppo", "--seeds", str(seeds)],
                              {**os.environ, "PUREJAXRL": purejaxrl}))
@@ -147,13 +151,12 @@ def main() -> None:
                 result = run_result(cmd, env)
                 if result:
                     record(f"throughput_{name}", {**result, "round": round_index, "seeds": seeds})
-                    print(f"round {round_index + 1} {name:9s} {seeds:3d} seeds: compile {result['compile_s']:.1f} s, "
+                    print(f"round {round_index + 1} {name:22s} {seeds:3d} seeds: compile {result['compile_s']:.1f} s, "
                           f"{result['steps_per_s']:,.0f} steps/s, final {result['final_return_mean']:.0f}", flush=True)
     write_table(records, os.path.join(args.out, f"ppo_{backend}.md"), backend, device)
 
 
 def write_table(records: list, path: str, backend: str, device: str) -> None:
-    import jax
     from importlib import metadata
     cold = next(r for r in records if r["kind"] == "cli_defaults_cold")
     warm = next(r for r in records if r["kind"] == "cli_defaults_warm")
@@ -177,20 +180,28 @@ def write_table(records: list, path: str, backend: str, device: str) -> None:
                      f"{', '.join(str(round(x)) for x in r['final_return_per_seed'])} | {to_threshold} |")
     lines += ["", "## PureJAXRL's CartPole hyperparameters (4 envs x 128 steps, 4 x 4 minibatches, 5e5 steps)", "",
               "Median over rounds; the ratio is taken within each round's back-to-back pair.", "",
-              "| seeds | ours compile s | ours steps/s | PureJAXRL compile s | PureJAXRL steps/s | speed ratio | compile ratio |",
-              "|---|---|---|---|---|---|---|"]
+              "`ours, XLA scheduler` is ppo.py with XLA's default CPU scheduler (PureJAXRL's setting), "
+              "which ppo.py turns off because it has deadlocked vmapped PPO here.", "",
+              "| seeds | ours compile s | ours steps/s | ours, XLA scheduler steps/s | PureJAXRL compile s | "
+              "PureJAXRL steps/s | speed ratio (ours / PureJAXRL) | same, XLA scheduler | compile ratio |",
+              "|---|---|---|---|---|---|---|---|---|"]
     seed_counts = sorted({r["seeds"] for r in records if r["kind"].startswith("throughput")})
     for seeds in seed_counts:
         ours = [r for r in records if r["kind"] == "throughput_ours" and r["seeds"] == seeds]
         theirs = [r for r in records if r["kind"] == "throughput_purejaxrl" and r["seeds"] == seeds]
+        sched = [r for r in records if r["kind"] == "throughput_ours_default_scheduler" and r["seeds"] == seeds]
         med = lambda rs, k: statistics.median(r[k] for r in rs) if rs else None  # noqa: E731
         pairs = [(o, t) for o in ours for t in theirs if o["round"] == t["round"]]
         speed = statistics.median(o["steps_per_s"] / t["steps_per_s"] for o, t in pairs) if pairs else None
+        sched_pairs = [(o, t) for o in sched for t in theirs if o["round"] == t["round"]]
+        sched_speed = (statistics.median(o["steps_per_s"] / t["steps_per_s"] for o, t in sched_pairs)
+                       if sched_pairs else None)
         compile_ratio = statistics.median(o["compile_s"] / t["compile_s"] for o, t in pairs) if pairs else None
         fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
         lines.append(f"| {seeds} | {fmt(med(ours, 'compile_s'), '.2f')} | {fmt(med(ours, 'steps_per_s'), ',.0f')} | "
+                     f"{fmt(med(sched, 'steps_per_s'), ',.0f')} | "
                      f"{fmt(med(theirs, 'compile_s'), '.2f')} | {fmt(med(theirs, 'steps_per_s'), ',.0f')} | "
-                     f"{fmt(speed, '.2f')} | {fmt(compile_ratio, '.2f')} |")
+                     f"{fmt(speed, '.2f')} | {fmt(sched_speed, '.2f')} | {fmt(compile_ratio, '.2f')} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {path}", flush=True)

@@ -33,6 +33,11 @@ def _load(name: str, path: pathlib.Path):
 _PPO = _load("ppo", PPO_PATH)
 
 
+def load_algorithm(name: str):
+    """algorithms/<name>.py as a module, loaded once per session (all files set the same XLA_FLAGS)."""
+    return _load(name, ROOT / "algorithms" / f"{name}.py")
+
+
 @pytest.fixture(scope="session")
 def ppo():
     return _PPO
