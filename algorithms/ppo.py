@@ -582,6 +582,28 @@ def sweep_points(config: Config, sweep: dict) -> list[dict]:
     return points
 
 
+def runs_sharding() -> jax.sharding.NamedSharding:
+    """A 1-D mesh over every device (of every host) that splits the leading run axis."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("runs",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))
+
+
+def pad_runs(tree, num_runs: int):
+    """Pads the leading run axis to a multiple of the device count by repeating the last run;
+    the repeats train like any run and `gather_runs` drops them."""
+    index = np.minimum(np.arange(-(-num_runs // jax.device_count()) * jax.device_count()), num_runs - 1)
+    return jax.tree.map(lambda x: np.asarray(x)[index], tree)
+
+
+def gather_runs(tree, shape: tuple):
+    """Host copies of run-axis arrays, padding dropped, runs laid out as `shape` ([points, seeds])."""
+    if jax.process_count() > 1:  # every host holds only its devices' runs
+        from jax.experimental import multihost_utils
+        tree = multihost_utils.process_allgather(tree, tiled=True)
+    size = int(np.prod(shape))
+    return jax.tree.map(lambda x: np.asarray(x)[:size].reshape(*shape, *np.shape(x)[1:]), tree)
+
+
 def enable_compile_cache() -> None:
     if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax_rl_compile"))
@@ -665,28 +687,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"{os.path.basename(sys.argv[0]) or 'ppo.py'}: error: {error}", file=sys.stderr)
         return 2
-    say = (lambda *a, **k: None) if args.quiet else (lambda *a, **k: print(*a, **k, flush=True))
+    quiet = args.quiet or jax.process_index() != 0  # under jax.distributed, host 0 reports and writes
+    say = (lambda *a, **k: None) if quiet else (lambda *a, **k: print(*a, **k, flush=True))
     if args.compile_cache:
         enable_compile_cache()
 
-    # Runs are laid out [sweep point, seed]; every point sees the same seeds.
+    # Runs are [sweep point, seed] flattened into one run axis (every point sees the same seeds),
+    # which is sharded over all devices: nothing crosses runs, so each device trains its share.
     G, S = len(points), config.num_seeds
-    keys = jax.random.split(jax.random.PRNGKey(config.seed), S)
-    hparams = HParams(*(jnp.array([p.get(n, getattr(config, n)) for p in points], jnp.float32)
-                        for n in SWEEPABLE))
+    seed_keys = jax.random.split(jax.random.PRNGKey(config.seed), S)
+    values = np.array([[p.get(n, getattr(config, n)) for n in SWEEPABLE] for p in points], np.float32)
+    keys, hparams = pad_runs((np.tile(seed_keys, (G, 1)), HParams(*np.repeat(values, S, axis=0).T)), G * S)
+    sharded = runs_sharding()  # every output below has the run axis first
+    eval_keys = jax.device_put(pad_runs(np.tile(jax.random.split(jax.random.PRNGKey(config.seed + 1), S), (G, 1)),
+                                        G * S), sharded)
     train = make_train(config)
-    init = jax.jit(jax.vmap(jax.vmap(train.init, (0, None)), (None, 0)))
+    # Initialisation runs on one device and is then spread out: flax's orthogonal init (a LAPACK
+    # QR) deadlocked XLA:CPU when executed on several devices at once. It is cheap either way.
+    init = jax.jit(jax.vmap(train.init))
     chunk = max(1, math.ceil(config.num_updates / 10))  # ~10 progress reports
-    run = jax.jit(jax.vmap(jax.vmap(lambda r, first: train.run(r, first, chunk), (0, None)), (0, None)))
-    evaluate = jax.jit(jax.vmap(jax.vmap(make_evaluate(config)), (0, None)))
+    run = jax.jit(jax.vmap(lambda runner, first: train.run(runner, first, chunk), (0, None)), out_shardings=sharded)
+    evaluate = jax.jit(jax.vmap(make_evaluate(config)), out_shardings=sharded)
+    runs_to_host = lambda tree: gather_runs(tree, (G, S))  # noqa: E731
 
     say(f"{ALGORITHM} on {config.env_name}: {G * S} run(s) ({S} seeds x {G} sweep points), "
-        f"{config.num_updates} updates of {config.batch_size} env steps each, backend {jax.default_backend()}")
+        f"{config.num_updates} updates of {config.batch_size} env steps each, on {jax.device_count()} "
+        f"{jax.default_backend()} device(s)")
     if config.total_timesteps % config.batch_size:
         say(f"note: total_timesteps {config.total_timesteps:,} is not a multiple of num_envs * num_steps "
             f"= {config.batch_size}; training {config.num_updates * config.batch_size:,} steps per run")
     start = time.perf_counter()
-    runner = init(keys, hparams)
+    runner = jax.device_put(init(keys, hparams), sharded)
     run_compiled = run.lower(runner, jnp.int32(0)).compile()
     jax.block_until_ready(runner)
     compile_seconds = time.perf_counter() - start
@@ -702,20 +733,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         chunks.append(metrics)
         for j in ([i - 1] if i else []) + ([i] if i == len(firsts) - 1 else []):
             done_updates = min(firsts[j] + chunk, config.num_updates)
-            returns = np.asarray(chunks[j]["episode_return"])[..., : done_updates - firsts[j]]
+            returns = runs_to_host(chunks[j]["episode_return"])[..., : done_updates - firsts[j]]
             seconds = time.perf_counter() - start
             say(f"[{100 * done_updates / config.num_updates:5.1f}%] update {done_updates}/{config.num_updates}"
                 f"  env steps {done_updates * config.batch_size:,}  return {_nanmean(returns):8.2f}"
                 f"  {done_updates * config.batch_size * G * S / seconds:,.0f} steps/s")
-    metrics = jax.device_get(jax.tree.map(lambda *c: jnp.concatenate(c, axis=-1), *chunks))
-    metrics = {k: np.asarray(v)[..., : config.num_updates] for k, v in metrics.items()}
+    metrics = runs_to_host(jax.tree.map(lambda *c: jnp.concatenate(c, axis=-1), *chunks))
+    metrics = {k: v[..., : config.num_updates] for k, v in metrics.items()}
     train_seconds = time.perf_counter() - start
 
     eval_start = time.perf_counter()
-    eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), S)
-    eval_returns = np.asarray(evaluate(runner.params["actor"], eval_keys))
+    eval_returns = runs_to_host(evaluate(runner.params["actor"], eval_keys))
+    params = runs_to_host(runner.params)
     eval_seconds = time.perf_counter() - eval_start
 
+    nonfinite = ~metrics["finite"]
+    if jax.process_index() != 0:
+        return 3 if nonfinite.any() else 0
     run_dir = new_run_dir(args.runs_dir, config)
     labels = [", ".join(f"{k}={v:g}" for k, v in p.items()) for p in points]
     finals = final_returns(metrics)  # [G, S]
@@ -725,7 +759,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                  for p, f, e in zip(points, finals, eval_returns)]
     best = max(range(G), key=lambda g: -math.inf if per_point[g]["final_return_mean"] is None
                else per_point[g]["final_return_mean"])
-    nonfinite = ~metrics["finite"]
     summary = {
         "algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": S, "total_timesteps": config.total_timesteps,
         "trained_timesteps": config.num_updates * config.batch_size,
@@ -749,7 +782,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     np.savez_compressed(os.path.join(run_dir, "metrics.npz"), eval_return=eval_returns,
                         **{f"sweep_{k}": np.array([p[k] for p in points]) for k in sweep}, **metrics)
     with open(os.path.join(run_dir, "params.msgpack"), "wb") as f:
-        f.write(serialization.to_bytes(jax.device_get(runner.params)))
+        f.write(serialization.to_bytes(params))
     plot_learning_curves(os.path.join(run_dir, "learning_curve.png"), metrics, labels, config)
 
     for p, label in zip(per_point, labels):

@@ -1,0 +1,68 @@
+"""Runs sharded over several devices train exactly like runs on one device.
+
+XLA can split the host CPU into N devices (--xla_force_host_platform_device_count), which must
+be set before jax starts, so each case is a command-line run in its own process. 3 seeds x 2
+sweep points = 6 runs: 2 devices hold 3 runs each, 4 devices need padding to 8. Each run has a
+timeout: XLA on CPU has deadlocked multi-device programs here (see ppo.py's init), and a hang must
+fail the test rather than stall CI.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from flax import serialization
+from test_cli import ALGORITHMS, results_dir
+
+SMALL = ("--total-timesteps", "4096", "--num-envs", "4", "--num-steps", "32", "--num-seeds", "3",
+         "--sweep", "lr=1e-3,3e-3", "--quiet")
+
+
+@pytest.fixture(scope="module", params=[n for n in ALGORITHMS if (ROOT / "algorithms" / f"{n}.py").exists()])
+def runs(request, tmp_path_factory):
+    """metrics.npz and params.msgpack of the same runs on 1, 2 and 4 devices."""
+    name, out = request.param, {}
+    for devices in (1, 2, 4):
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+                   JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
+        runs_dir = tmp_path_factory.mktemp(f"runs{devices}")
+        try:
+            proc = subprocess.run([sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *SMALL,
+                                   "--runs-dir", str(runs_dir)], cwd=ROOT, env=env, capture_output=True,
+                                  text=True, timeout=240)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name}.py on {devices} devices did not finish in 240 s (deadlock?)")
+        assert proc.returncode == 0, proc.stderr
+        run_dir = results_dir(proc, ROOT)
+        with np.load(run_dir / "metrics.npz") as npz:
+            metrics = {k: npz[k] for k in npz.files}
+        params = serialization.msgpack_restore((run_dir / "params.msgpack").read_bytes())
+        out[devices] = metrics, params
+    return out
+
+
+def _leaves(tree, prefix=""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, f"{prefix}{key}/")
+    else:
+        yield prefix.rstrip("/"), np.asarray(tree)
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_sharded_runs_equal_single_device_runs(runs, devices):
+    single_metrics, single_params = runs[1]
+    metrics, params = runs[devices]
+    assert metrics.keys() == single_metrics.keys()
+    for name, value in single_metrics.items():
+        assert metrics[name].shape == value.shape, name
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(metrics[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(metrics[name], value, err_msg=name)
+    single_leaves = dict(_leaves(single_params))
+    for path, leaf in _leaves(params):
+        assert leaf.shape[:2] == (2, 3), path  # [sweep point, seed]: the padding is gone
+        np.testing.assert_allclose(leaf, single_leaves[path], rtol=1e-4, atol=1e-6, err_msg=path)
