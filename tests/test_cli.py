@@ -44,6 +44,27 @@ ALGORITHMS = {
         steps_per_update=128, diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
         bad_inputs={"minibatches-do-not-divide": (["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
                                                   "--num-minibatches")}),
+    "dqn": Algorithm(
+        small=("--total-timesteps", "2400", "--num-envs", "4", "--num-steps", "50", "--num-seeds", str(SMALL_SEEDS),
+               "--buffer-size", "1000", "--batch-size", "32", "--learning-starts", "400", "--train-frequency", "4",
+               "--target-update-frequency", "100", "--eval-episodes", "4"),
+        steps_per_update=200, diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={"buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+                    # 2e9 slots of 41 B for 8 seeds: 656 GB; refused before allocating, naming the size.
+                    "buffer-beyond-memory": (["--buffer-size", "2000000000"], "656 GB"),
+                    "unknown-loss": (["--loss", "l1"], "--loss"),
+                    "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau")}),
+    "pqn": Algorithm(
+        small=("--total-timesteps", "1024", "--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2",
+               "--num-seeds", str(SMALL_SEEDS)),
+        steps_per_update=128, diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={"minibatches-do-not-divide": (["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
+                                                  "--num-minibatches"),
+                    "epsilon-above-1": (["--eps-start", "1.5"], "--eps-start"),
+                    "lambda-below-0": (["--q-lambda", "-0.1"], "--q-lambda"),
+                    "zero-reward-scale": (["--reward-scale", "0"], "--reward-scale"),
+                    "sweep-epsilon-out-of-range": (["--sweep", "eps-end=0.1,2"], "--eps-end"),
+                    "sweep-ppo-only-field": (["--sweep", "gae-lambda=0.9"], "--sweep")}),
 }
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
 SUMMARY_KEYS = {"algorithm", "env_name", "num_seeds", "total_timesteps", "final_return_mean", "final_return_std",

@@ -1,0 +1,928 @@
+"""DQN (replay buffer, target network, optional double DQN) for discrete-action gymnax environments, in one file.
+
+    python algorithms/dqn.py                                  # CartPole-v1, 8 seeds
+    python algorithms/dqn.py --env-name Acrobot-v1 --num-seeds 16 --lr 1e-3
+    python algorithms/dqn.py --sweep lr=1e-4,3e-4,1e-3 --sweep gamma=0.95,0.99
+    python algorithms/dqn.py --help                           # every option, its meaning and default
+
+The whole run (epsilon-greedy acting, replay-buffer writes, gradient steps and target
+updates at their env-step intervals) is one jitted function; seeds and sweep points are
+vmapped into the same compiled program, each run with its own replay buffer:
+
+    train = make_train(Config(env_name="CartPole-v1"))
+    runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
+
+Each run writes config.json, summary.json, metrics.npz, params.msgpack and
+learning_curve.png into a new directory under --runs-dir. Depends only on jax, flax,
+optax, gymnax, chex, numpy and matplotlib; copy this file anywhere and it runs.
+"""
+import os
+
+import pkgutil
+
+# XLA flags, set before jax is imported; any flag already in XLA_FLAGS is left as it is.
+# - XLA's CPU backend (jaxlib 0.10) can deadlock on these programs when several seeds are
+#   vmapped; its older thread scheduler never did (it costs ~10-15% CPU throughput).
+# - On CPU-only installs, backend optimisation level 1 compiles ~1 s faster at the same speed.
+_CPU_ONLY = not any(m.name.startswith(("jax_cuda", "jax_rocm", "libtpu")) for m in pkgutil.iter_modules())
+for _flag_name, _value in (("xla_cpu_enable_concurrency_optimized_scheduler", "false"),
+                           ("xla_backend_optimization_level", "1" if _CPU_ONLY else None)):
+    if _value and _flag_name not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_flag_name}={_value}".strip()
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import sys
+import time
+import warnings
+from typing import Any, Callable, NamedTuple, Sequence
+
+import chex
+import flax.linen as nn
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import serialization
+from jax.flatten_util import ravel_pytree
+
+ALGORITHM = "dqn"
+
+
+# --------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------
+def _option(default: Any, doc: str) -> Any:
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    env_name: str = _option("CartPole-v1", "gymnax environment id (discrete action space)")
+    total_timesteps: int = _option(200_000, "environment steps per run (all envs together)")
+    num_envs: int = _option(10, "parallel environments per run")
+    num_steps: int = _option(100, "steps per environment in each update (one progress/metrics row)")
+    buffer_size: int = _option(10_000, "replay buffer capacity in transitions per run (>= num_envs)")
+    batch_size: int = _option(128, "transitions per gradient step, sampled uniformly from the buffer")
+    learning_starts: int = _option(10_000, "env steps before the first gradient step")
+    train_frequency: int = _option(10, "env steps (all envs together) per gradient step")
+    target_update_frequency: int = _option(250, "env steps (all envs together) per target-network update")
+    tau: float = _option(1.0, "target update rate: target <- tau * online + (1 - tau) * target (1 = copy)")
+    double_dqn: bool = _option(True, "double DQN: the online network picks the next action, the target rates it")
+    loss: str = _option("mse", "TD loss: huber (delta 1) or mse")
+    lr: float = _option(2.5e-4, "Adam learning rate (start value when annealed)")
+    anneal_lr: bool = _option(False, "decay the learning rate linearly to 0 over all gradient steps")
+    gamma: float = _option(0.99, "discount factor")
+    max_grad_norm: float = _option(1000.0, "global gradient-norm clip (10 slowed learning with the mse loss)")
+    eps_start: float = _option(1.0, "epsilon-greedy exploration rate at the first step")
+    eps_end: float = _option(0.05, "exploration rate once the linear decay is over")
+    eps_fraction: float = _option(0.5, "fraction of total_timesteps over which epsilon decays")
+    activation: str = _option("relu", "hidden activation: relu or tanh")
+    hidden_sizes: str = _option("120,84", "units of each hidden layer of the Q-network, comma separated")
+    eval_episodes: int = _option(16, "greedy evaluation episodes per run after training")
+    seed: int = _option(0, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]")
+    num_seeds: int = _option(8, "independent runs trained side by side (vmapped)")
+
+    @property
+    def batch_steps(self) -> int:
+        """Env steps per update (all envs together)."""
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_steps
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(int(size) for size in self.hidden_sizes.split(","))
+
+
+# Float hyperparameters that may differ between runs of one compiled program (--sweep).
+class HParams(NamedTuple):
+    lr: jax.Array
+    gamma: jax.Array
+    tau: jax.Array
+    max_grad_norm: jax.Array
+    eps_start: jax.Array
+    eps_end: jax.Array
+    eps_fraction: jax.Array
+
+
+SWEEPABLE = HParams._fields
+ACTIVATIONS = {"relu": nn.relu, "tanh": nn.tanh}
+LOSSES = ("huber", "mse")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; raised before anything is compiled."""
+
+
+def hparams_from(config: Config) -> HParams:
+    return HParams(*(jnp.float32(getattr(config, name)) for name in SWEEPABLE))
+
+
+def validate(config: Config) -> None:
+    """Refuse a config that cannot run, naming the option and what is allowed."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "buffer_size", "batch_size", "train_frequency",
+                 "target_update_frequency", "eval_episodes", "num_seeds"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"--{_flag(name)} must be a positive integer, got {getattr(config, name)}")
+    if config.learning_starts < 0:
+        raise ConfigError(f"--learning-starts must be >= 0, got {config.learning_starts}")
+    _validate_hparams({name: getattr(config, name) for name in SWEEPABLE})
+    if config.activation not in ACTIVATIONS:
+        raise ConfigError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {config.activation!r}")
+    if config.loss not in LOSSES:
+        raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {config.loss!r}")
+    try:
+        layers = config.layers
+    except ValueError:
+        layers = ()
+    if not layers or min(layers) <= 0:
+        raise ConfigError(f"--hidden-sizes must be positive integers separated by commas, got {config.hidden_sizes!r}")
+    if config.buffer_size < config.num_envs:
+        raise ConfigError(f"--buffer-size {config.buffer_size} must be at least num_envs = {config.num_envs} "
+                          "(every env step writes num_envs transitions at once)")
+    if config.total_timesteps < config.batch_steps:
+        raise ConfigError(
+            f"--total-timesteps {config.total_timesteps} is less than one update "
+            f"(num_envs * num_steps = {config.batch_steps})")
+    make_env(config.env_name)  # unknown or continuous-action environments
+    check_buffer_memory(config, config.num_seeds)
+    for name in ("total_timesteps", "buffer_size", "learning_starts", "train_frequency", "target_update_frequency"):
+        if getattr(config, name) >= 2**31:  # step counts and buffer slots are int32 inside the compiled program
+            raise ConfigError(f"--{_flag(name)} must be below 2**31, got {getattr(config, name)}")
+
+
+def _validate_hparams(values: dict) -> None:
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise ConfigError(f"--{_flag(name)} must be finite, got {value}")
+    if values["lr"] <= 0:
+        raise ConfigError(f"--lr must be positive, got {values['lr']}")
+    if values["max_grad_norm"] <= 0:
+        raise ConfigError(f"--max-grad-norm must be positive, got {values['max_grad_norm']}")
+    if not 0 < values["tau"] <= 1:
+        raise ConfigError(f"--tau must be in (0, 1], got {values['tau']}")
+    for name in ("gamma", "eps_start", "eps_end", "eps_fraction"):
+        if not 0 <= values[name] <= 1:
+            raise ConfigError(f"--{_flag(name)} must be in [0, 1], got {values[name]}")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def transition_bytes(obs_dim: int) -> int:
+    """Bytes one stored transition takes: obs and final_obs (float32), action, reward, terminated."""
+    return 2 * 4 * obs_dim + 4 + 4 + 1
+
+
+def available_memory() -> tuple[int, str]:
+    """Bytes the replay buffers may take, and where: the accelerator's free memory, else the host's."""
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        if "bytes_limit" in stats:
+            return stats["bytes_limit"] - stats.get("bytes_in_use", 0), f"{device.platform} device"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "host"
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "host"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+
+
+def check_buffer_memory(config: Config, num_runs: int) -> None:
+    """Refuse replay buffers that cannot fit, before anything is allocated or compiled."""
+    env, env_params = make_env(config.env_name)
+    per_transition = transition_bytes(int(np.prod(env.observation_space(env_params).shape)))
+    needed = num_runs * config.buffer_size * per_transition
+    available, where = available_memory()
+    if needed > available:
+        raise ConfigError(
+            f"--buffer-size {config.buffer_size}: the replay buffers need {_bytes(needed)} ({num_runs} run(s) x "
+            f"{config.buffer_size:,} transitions x {per_transition} B) but only {_bytes(available)} of {where} "
+            "memory is available; use a smaller --buffer-size or fewer seeds / sweep points")
+
+
+# --------------------------------------------------------------------------------------
+# Environment wrapper
+# --------------------------------------------------------------------------------------
+def make_env(env_name: str):
+    """gymnax.make with errors a user can act on; only discrete action spaces."""
+    if env_name not in gymnax.registered_envs:
+        raise ConfigError(f"--env-name {env_name!r} is not a gymnax environment; choose one of: "
+                          + ", ".join(gymnax.registered_envs))
+    try:
+        env, env_params = gymnax.make(env_name)
+    except Exception as error:  # e.g. MNISTBandit downloads its data set
+        raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
+    if not isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete):
+        raise ConfigError(f"--env-name {env_name} has a continuous (Box) action space; dqn.py "
+                          "needs a discrete one")
+    return env, env_params
+
+
+class EnvStep(NamedTuple):
+    obs: jax.Array          # [num_envs, obs_dim] after auto-reset
+    state: Any
+    reward: jax.Array       # [num_envs] float32
+    terminated: jax.Array   # [num_envs] bool: the episode reached a terminal state
+    truncated: jax.Array    # [num_envs] bool: the episode hit its time limit
+    final_obs: jax.Array    # [num_envs, obs_dim] the true next observation, before auto-reset
+
+
+class StepNoise(NamedTuple):
+    """Everything random that one env step consumes, drawn ahead for a whole rollout."""
+    key: jax.Array          # [num_envs] keys for the transition itself
+    reset_obs: Any          # [num_envs, ...] a fresh episode's first observation (None: env resets itself)
+    reset_state: Any
+
+
+class VecEnv:
+    """`num_envs` copies of a gymnax env, stepped together, observations as flat float32.
+
+    gymnax's `Environment.step` splits its key and draws a reset state at every step, and on
+    CPU each random draw inside a loop is a small rolled threefry loop of its own. For envs
+    that use that stock `step`, `presample` draws the keys and reset states of a whole rollout
+    in one batched call and `step` does the same auto-reset from them. Envs that override
+    `step` (e.g. DeepSea keeps bsuite statistics across resets) are stepped through it.
+    """
+
+    def __init__(self, env_name: str, num_envs: int):
+        self.env, self.params = make_env(env_name)
+        self.num_envs = num_envs
+        self.obs_shape = tuple(self.env.observation_space(self.params).shape)
+        self.obs_dim = int(np.prod(self.obs_shape))
+        self.num_actions = int(self.env.action_space(self.params).n)
+        self.max_episode_steps = int(self.params.max_steps_in_episode)
+        self.stock_step = type(self.env).step is gymnax.environments.environment.Environment.step
+
+    def _flat(self, obs: jax.Array) -> jax.Array:
+        batch_shape = obs.shape[:obs.ndim - len(self.obs_shape)]
+        return obs.reshape(*batch_shape, self.obs_dim).astype(jnp.float32)
+
+    def reset(self, key: jax.Array):
+        keys = jax.random.split(key, self.num_envs)
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
+        return self._flat(obs), state
+
+    def presample(self, key: jax.Array, num_steps: int) -> StepNoise:
+        step_keys, reset_keys = jax.random.split(key, (2, num_steps, self.num_envs))
+        if not self.stock_step:
+            return StepNoise(step_keys, None, None)
+        reset_env = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
+        reset_obs, reset_state = reset_env(reset_keys, self.params)
+        return StepNoise(step_keys, self._flat(reset_obs), reset_state)
+
+    def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
+        if not self.stock_step:
+            obs, state, reward, terminated, truncated, info = jax.vmap(
+                self.env.step, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
+            return EnvStep(self._flat(obs), state, reward.astype(jnp.float32), terminated, truncated,
+                           self._flat(info["final_observation"]))
+        obs, state, reward, terminated, _ = jax.vmap(
+            self.env.step_env, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
+        truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(state, self.params)
+        done = terminated | truncated
+        final_obs = self._flat(obs)
+        select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
+        return EnvStep(select(done, noise.reset_obs, final_obs), select(done, noise.reset_state, state),
+                       reward.astype(jnp.float32), terminated, truncated, final_obs)
+
+
+# --------------------------------------------------------------------------------------
+# Networks
+# --------------------------------------------------------------------------------------
+class QNetwork(nn.Module):
+    """MLP from a flat observation to one Q-value per action."""
+    num_actions: int
+    layers: tuple[int, ...]
+    activation: str
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATIONS[self.activation]
+        for size in self.layers:
+            x = act(nn.Dense(size)(x))
+        return nn.Dense(self.num_actions)(x)
+
+
+def make_network(config: Config, num_actions: int) -> QNetwork:
+    return QNetwork(num_actions, config.layers, config.activation)
+
+
+# --------------------------------------------------------------------------------------
+# Replay buffer
+# --------------------------------------------------------------------------------------
+class Transition(NamedTuple):
+    obs: jax.Array          # [..., obs_dim]
+    action: jax.Array       # [...] int32
+    reward: jax.Array       # [...] float32
+    terminated: jax.Array   # [...] bool: a terminal state; a time-limit truncation is not one
+    final_obs: jax.Array    # [..., obs_dim] the true next observation (before auto-reset)
+
+
+class ReplayBuffer(NamedTuple):
+    """A circular store of one run's transitions. Slots [0, size) are filled; `position` is
+    where the next transition goes. Under vmap every seed has its own buffer."""
+    data: Transition        # every field [capacity, ...]
+    position: jax.Array     # int32
+    size: jax.Array         # int32, at most capacity
+
+
+def buffer_init(capacity: int, obs_dim: int) -> ReplayBuffer:
+    data = Transition(jnp.zeros((capacity, obs_dim), jnp.float32), jnp.zeros(capacity, jnp.int32),
+                      jnp.zeros(capacity, jnp.float32), jnp.zeros(capacity, bool),
+                      jnp.zeros((capacity, obs_dim), jnp.float32))
+    return ReplayBuffer(data, jnp.int32(0), jnp.int32(0))
+
+
+def buffer_add(buffer: ReplayBuffer, batch: Transition) -> ReplayBuffer:
+    """Writes a batch of n <= capacity transitions at `position`, wrapping around the end."""
+    capacity, n = buffer.data.action.shape[0], batch.action.shape[0]
+    slots = (buffer.position + jnp.arange(n, dtype=jnp.int32)) % capacity
+    data = jax.tree.map(lambda store, x: store.at[slots].set(x.astype(store.dtype), unique_indices=True,
+                                                             mode="promise_in_bounds"), buffer.data, batch)
+    return ReplayBuffer(data, (buffer.position + n) % capacity, jnp.minimum(buffer.size + n, capacity))
+
+
+def buffer_sample(buffer: ReplayBuffer, bits: jax.Array) -> Transition:
+    """A batch of len(bits) - 1 transitions from the filled slots, from uniform random uint32 `bits`.
+
+    Every filled slot is equally likely to be in the batch (probability batch / size) and, once
+    the buffer holds at least a batch, no slot is drawn twice: the filled range is cut into
+    `batch` strata of nearly equal length, one slot is drawn from each, and the whole pattern
+    is rotated by a uniform random offset (the last word of `bits`).
+    """
+    batch = bits.shape[0] - 1
+    n = buffer.size
+    j = jnp.arange(batch + 1, dtype=jnp.int32)
+    bounds = j * (n // batch) + (j * (n % batch)) // batch  # floor(j * n / batch) without int32 overflow
+    start, length = bounds[:-1], jnp.diff(bounds)
+    offset = (bits[:-1] % jnp.maximum(length, 1).astype(jnp.uint32)).astype(jnp.int32)
+    slot = start + offset  # in [0, n)
+    shift = (bits[-1] % n.astype(jnp.uint32)).astype(jnp.int32)
+    slot = jnp.where(slot >= n - shift, slot - (n - shift), slot + shift)  # (slot + shift) % n, no overflow
+    return jax.tree.map(lambda store: store.at[slot].get(mode="promise_in_bounds"), buffer.data)
+
+
+# --------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------
+class Runner(NamedTuple):
+    """Everything one run carries from update to update."""
+    params: Any                # {"q": online Q-network parameters}
+    target_params: Any         # {"q": target network parameters}
+    opt_state: Any             # Adam state over the flattened parameter vector
+    buffer: ReplayBuffer
+    env_state: Any
+    obs: jax.Array
+    episode_return: jax.Array  # [num_envs] return so far of each env's current episode
+    episode_length: jax.Array  # [num_envs]
+    rng: jax.Array
+    hparams: HParams
+
+
+def interval_crossings(before, steps: int, interval: int, learning_starts: int):
+    """How many multiples of `interval` lie in (max(before, learning_starts), before + steps]:
+    the gradient steps (or target updates) that a vectorized step from `before` to
+    `before + steps` env steps owes. Summed over a run, that is exactly
+    max(0, total // interval - learning_starts // interval), whatever num_envs is."""
+    return jnp.maximum(0, (before + steps) // interval - jnp.maximum(before, learning_starts) // interval)
+
+
+def total_gradient_steps(config: Config) -> int:
+    trained = config.num_updates * config.batch_steps
+    return max(0, trained // config.train_frequency - config.learning_starts // config.train_frequency)
+
+
+def total_target_updates(config: Config) -> int:
+    trained = config.num_updates * config.batch_steps
+    return max(0, trained // config.target_update_frequency
+               - config.learning_starts // config.target_update_frequency)
+
+
+def epsilon(config: Config, hparams: HParams, env_steps: jax.Array) -> jax.Array:
+    """Linear decay from eps_start to eps_end over eps_fraction of total_timesteps, then flat."""
+    decay_steps = jnp.maximum(hparams.eps_fraction * config.total_timesteps, 1.0)
+    progress = jnp.minimum(env_steps / decay_steps, 1.0)
+    return hparams.eps_start + (hparams.eps_end - hparams.eps_start) * progress
+
+
+def make_td_loss(config: Config, network: QNetwork) -> Callable:
+    """Returns `td_loss(params, target_params, batch, gamma) -> (loss, aux)` for Q-network params.
+
+    target = reward + gamma * (1 - terminated) * Q_target(final_obs, a'), where a' is the
+    target network's own argmax, or the online network's (double DQN). `final_obs` is the
+    true next observation, so a time-limit truncation bootstraps from the state it cut off;
+    only `terminated` zeroes the bootstrap. aux holds the taken actions' Q-values and targets.
+    """
+    def td_loss(params, target_params, batch: Transition, gamma: jax.Array):
+        next_q_target = network.apply(target_params, batch.final_obs)
+        if config.double_dqn:
+            next_action = jnp.argmax(network.apply(jax.lax.stop_gradient(params), batch.final_obs), -1)
+        else:
+            next_action = jnp.argmax(next_q_target, -1)
+        next_q = jnp.take_along_axis(next_q_target, next_action[:, None], -1)[:, 0]
+        chex.assert_equal_shape([batch.reward, batch.terminated, batch.action, next_q])
+        target = jax.lax.stop_gradient(batch.reward + gamma * (1.0 - batch.terminated) * next_q)
+        q = jnp.take_along_axis(network.apply(params, batch.obs), batch.action[:, None], -1)[:, 0]
+        if config.loss == "huber":
+            loss = optax.huber_loss(q, target, delta=1.0).mean()
+        else:
+            loss = jnp.square(q - target).mean()
+        return loss, {"q": q, "target": target}
+
+    return td_loss
+
+
+def make_optimizer(config: Config, hparams: HParams):
+    num_grad_steps = max(1, total_gradient_steps(config))
+    if config.anneal_lr:
+        lr = lambda count: hparams.lr * jnp.maximum(1.0 - count / num_grad_steps, 0.0)  # noqa: E731
+    else:
+        lr = hparams.lr
+    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm), optax.adam(learning_rate=lr))
+
+
+def make_train(config: Config) -> Callable:
+    """Returns `train(rng, hparams=None) -> (runner, metrics)` running the whole config.
+
+    `metrics` maps names to arrays of shape [num_updates]. `train.init(rng, hparams)` and
+    `train.run(runner, first_update, num_updates)` are the two halves of `train`, for
+    callers (the command line) that run the updates in chunks to report progress.
+    """
+    validate(config)
+    env = VecEnv(config.env_name, config.num_envs)
+    network = make_network(config, env.num_actions)
+    td_loss = make_td_loss(config, network)
+    T, N, B = config.num_steps, config.num_envs, config.batch_size
+    # The most gradient steps one vectorized step can owe (usually 0 or 1 are due).
+    max_grad_steps = -(-N // config.train_frequency)
+
+    def init_params(key: jax.Array):
+        return {"q": network.init(key, jnp.zeros((1, env.obs_dim)))}
+
+    # The optimizer sees one flat vector instead of a handful of small arrays: on CPU every
+    # array is a separate kernel launch in Adam and in the gradient-norm clip.
+    shapes = jax.eval_shape(init_params, jax.random.PRNGKey(0))
+    _, unravel = ravel_pytree(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes))
+
+    def loss_fn(flat_params, flat_target, batch: Transition, gamma):
+        return td_loss(unravel(flat_params)["q"], unravel(flat_target)["q"], batch, gamma)
+
+    def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
+        hparams = hparams_from(config) if hparams is None else hparams
+        rng, params_key, env_key = jax.random.split(rng, 3)
+        params = init_params(params_key)
+        obs, env_state = env.reset(env_key)
+        opt_state = make_optimizer(config, hparams).init(ravel_pytree(params)[0])
+        return Runner(params, params, opt_state, buffer_init(config.buffer_size, env.obs_dim), env_state, obs,
+                      jnp.zeros(N), jnp.zeros(N, jnp.int32), rng, hparams)
+
+    def update(runner: Runner, update_index: jax.Array):
+        hp = runner.hparams
+        optimizer = make_optimizer(config, hp)
+
+        def gradient_step(carry, buffer: ReplayBuffer, bits: jax.Array):
+            flat_params, flat_target, opt_state, sums = carry
+            batch = buffer_sample(buffer, bits)
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(flat_params, flat_target, batch, hp.gamma)
+            updates, opt_state = optimizer.update(grads, opt_state)
+            sums = sums + jnp.stack([loss, aux["q"].mean(), jnp.linalg.norm(grads)])
+            return flat_params + updates, flat_target, opt_state, sums
+
+        def env_step(carry, inputs):
+            train, buffer, env_state, obs, episode_return, episode_length, finished = carry
+            t, explore, random_action, sample_bits, env_noise = inputs
+            before = (update_index * T + t) * N  # env steps of this run before this vectorized step
+            # Same for every seed and sweep point (not batched under vmap): the conds below stay conds.
+            eps = epsilon(config, hp, before)
+            q = network.apply(unravel(train[0])["q"], obs)
+            action = jnp.where(explore < eps, random_action, jnp.argmax(q, -1))
+            step = env.step(env_noise, env_state, action)
+            buffer = buffer_add(buffer, Transition(obs, action, step.reward, step.terminated, step.final_obs))
+            done = step.terminated | step.truncated
+            episode_return = episode_return + step.reward
+            episode_length = episode_length + 1
+            # Sums over the episodes that end in this update: their mean is the logged return.
+            finished = (finished[0] + done.sum(), finished[1] + jnp.where(done, episode_return, 0.0).sum(),
+                        finished[2] + jnp.where(done, episode_length, 0).sum())
+
+            # Gradient steps and target updates due in this vectorized step: one per multiple of
+            # the interval that the env-step count crossed, so any num_envs keeps the schedule.
+            num_grad = interval_crossings(before, N, config.train_frequency, config.learning_starts)
+            if max_grad_steps == 1:
+                train = jax.lax.cond(num_grad > 0, lambda c: gradient_step(c, buffer, sample_bits[0]),
+                                     lambda c: c, train)
+            else:
+                train = jax.lax.fori_loop(0, num_grad, lambda i, c: gradient_step(c, buffer, sample_bits[i]), train)
+            num_target = interval_crossings(before, N, config.target_update_frequency, config.learning_starts)
+            flat_params, flat_target, opt_state, sums = train
+            # k Polyak updates in a row with the same online params, in closed form (tau = 1: a copy).
+            flat_target = jax.lax.cond(
+                num_target > 0,
+                lambda: flat_params + (1.0 - hp.tau) ** num_target.astype(jnp.float32) * (flat_target - flat_params),
+                lambda: flat_target)
+            counts = (num_grad, num_target)
+            carry = ((flat_params, flat_target, opt_state, sums), buffer, step.state, step.obs,
+                     jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length), finished)
+            return carry, (counts, eps)
+
+        # All randomness of the update is drawn here in a few batched calls, not step by step.
+        rng, explore_key, action_key, sample_key, env_key = jax.random.split(runner.rng, 5)
+        inputs = (jnp.arange(T, dtype=jnp.int32),
+                  jax.random.uniform(explore_key, (T, N)),
+                  jax.random.randint(action_key, (T, N), 0, env.num_actions),
+                  jax.random.bits(sample_key, (T, max_grad_steps, B + 1), jnp.uint32),
+                  env.presample(env_key, T))
+        train = (ravel_pytree(runner.params)[0], ravel_pytree(runner.target_params)[0], runner.opt_state,
+                 jnp.zeros(3))
+        no_episodes = (jnp.int32(0), jnp.float32(0), jnp.int32(0))
+        carry = (train, runner.buffer, runner.env_state, runner.obs, runner.episode_return, runner.episode_length,
+                 no_episodes)
+        carry, ((num_grad, num_target), eps) = jax.lax.scan(env_step, carry, inputs)
+        (flat_params, flat_target, opt_state, sums), buffer, env_state, obs, episode_return, episode_length, \
+            finished = carry
+
+        num_finished, return_sum, length_sum = finished
+        grad_steps = num_grad.sum()
+        # NaN when nothing happened during this update: never a stale or zero-filled value.
+        mean = lambda total, count: jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)  # noqa: E731
+        loss, q_mean, grad_norm = (mean(s, grad_steps) for s in sums)
+        metrics = {
+            "env_steps": (update_index + 1) * T * N,
+            "episode_return": mean(return_sum, num_finished),
+            "episode_length": mean(length_sum, num_finished),
+            "episodes_finished": num_finished,
+            "loss": loss,
+            "q_mean": q_mean,
+            "grad_norm": grad_norm,
+            "epsilon": eps[-1],
+            "gradient_steps": grad_steps,
+            "target_updates": num_target.sum(),
+            "finite": jnp.isfinite(sums).all() & jnp.isfinite(flat_params).all(),
+        }
+        runner = Runner(unravel(flat_params), unravel(flat_target), opt_state, buffer, env_state, obs,
+                        episode_return, episode_length, rng, hp)
+        return runner, metrics
+
+    def run(runner: Runner, first_update: jax.Array, num_updates: int):
+        """`num_updates` updates from `first_update` on; those past the config's end are skipped."""
+        metrics_shape = jax.eval_shape(update, runner, jnp.int32(0))[1]
+
+        def step(runner, index):
+            def skip(runner, index):
+                return runner, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
+            return jax.lax.cond(index < config.num_updates, update, skip, runner, index)
+
+        return jax.lax.scan(step, runner, first_update + jnp.arange(num_updates, dtype=jnp.int32))
+
+    def train(rng: jax.Array, hparams: HParams | None = None):
+        return run(init(rng, hparams), jnp.int32(0), config.num_updates)
+
+    train.init, train.run = init, run
+    return train
+
+
+def make_evaluate(config: Config) -> Callable:
+    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes."""
+    validate(config)
+    env = VecEnv(config.env_name, config.eval_episodes)
+    network = make_network(config, env.num_actions)
+
+    def evaluate(params, rng: jax.Array) -> jax.Array:
+        reset_key, rng = jax.random.split(rng)
+        obs, env_state = env.reset(reset_key)
+
+        def running(carry):
+            return carry[3].any() & (carry[5] < env.max_episode_steps)
+
+        def env_step(carry):
+            env_state, obs, total, alive, rng, t = carry
+            rng, key = jax.random.split(rng)
+            noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
+            step = env.step(noise, env_state, jnp.argmax(network.apply(params["q"], obs), -1))
+            total = total + jnp.where(alive, step.reward, 0.0)
+            alive = alive & ~(step.terminated | step.truncated)
+            return step.state, step.obs, total, alive, rng, t + 1
+
+        carry = (env_state, obs, jnp.zeros(env.num_envs), jnp.ones(env.num_envs, bool), rng, 0)
+        return jax.lax.while_loop(running, env_step, carry)[2].mean()
+
+    return evaluate
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_args(argv: Sequence[str] | None = None):
+    parser = _Parser(prog=os.path.basename(sys.argv[0]) or "dqn.py",
+                     description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for field in dataclasses.fields(Config):
+        flag = "--" + _flag(field.name)
+        if field.type is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
+                                help=field.metadata["doc"])
+        else:
+            parser.add_argument(flag, type=_integer if field.type is int else field.type, default=field.default,
+                                metavar=field.type.__name__.upper(),
+                                help=field.metadata["doc"])
+    parser.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2,...",
+                        help=f"train every value in one compiled program (repeat for a grid); FIELD is one "
+                             f"of {', '.join(map(_flag, SWEEPABLE))}")
+    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
+    parser.add_argument("--compile-cache", action=argparse.BooleanOptionalAction, default=True,
+                        help="JAX persistent compilation cache (JAX_COMPILATION_CACHE_DIR, else "
+                             "~/.cache/jax_rl_compile)")
+    parser.add_argument("--quiet", action="store_true", help="print only the results directory")
+    args = parser.parse_args(argv)
+    config = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+    return config, parse_sweep(args.sweep), args
+
+
+def _integer(text: str) -> int:
+    """An int flag that also takes 3e5 or 1_000_000."""
+    value = float(text)
+    if not value.is_integer():
+        raise ValueError(text)
+    return int(value)
+
+
+_integer.__name__ = "int"  # argparse names the type in its error message
+
+
+def parse_sweep(specs: Sequence[str]) -> dict:
+    """['lr=1e-4,3e-4', 'gamma=0.9,0.99'] -> {'lr': [1e-4, 3e-4], 'gamma': [0.9, 0.99]}."""
+    sweep = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        name = name.strip().lstrip("-").replace("-", "_")
+        if name in sweep:
+            raise ConfigError(f"--sweep {spec!r}: {_flag(name)} is swept twice; give all its values in one flag")
+        if not sep or name not in SWEEPABLE:
+            raise ConfigError(f"--sweep {spec!r}: expected FIELD=V1,V2,... with FIELD one of "
+                              + ", ".join(map(_flag, SWEEPABLE)))
+        try:
+            sweep[name] = [float(v) for v in values.split(",")]
+        except ValueError:
+            raise ConfigError(f"--sweep {spec!r}: values must be numbers separated by commas") from None
+    return sweep
+
+
+def sweep_points(config: Config, sweep: dict) -> list[dict]:
+    """The grid of hyperparameter values, one dict per point; [{}] when nothing is swept."""
+    points = [dict(zip(sweep, values)) for values in itertools.product(*sweep.values())]
+    for point in points:
+        try:
+            _validate_hparams({name: point.get(name, getattr(config, name)) for name in SWEEPABLE})
+        except ConfigError as error:
+            raise ConfigError(f"--sweep value: {error}") from None
+    return points
+
+
+def runs_sharding() -> jax.sharding.NamedSharding:
+    """A 1-D mesh over every device (of every host) that splits the leading run axis."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("runs",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))
+
+
+def pad_runs(tree, num_runs: int):
+    """Pads the leading run axis to a multiple of the device count by repeating the last run;
+    the repeats train like any run and `gather_runs` drops them."""
+    index = np.minimum(np.arange(-(-num_runs // jax.device_count()) * jax.device_count()), num_runs - 1)
+    return jax.tree.map(lambda x: np.asarray(x)[index], tree)
+
+
+def gather_runs(tree, shape: tuple):
+    """Host copies of run-axis arrays, padding dropped, runs laid out as `shape` ([points, seeds])."""
+    if jax.process_count() > 1:  # every host holds only its devices' runs
+        from jax.experimental import multihost_utils
+        tree = multihost_utils.process_allgather(tree, tiled=True)
+    size = int(np.prod(shape))
+    return jax.tree.map(lambda x: np.asarray(x)[:size].reshape(*shape, *np.shape(x)[1:]), tree)
+
+
+def enable_compile_cache() -> None:
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax_rl_compile"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def new_run_dir(runs_dir: str, config: Config) -> str:
+    """A directory no earlier run has used: created atomically, never reused."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in itertools.count():
+        path = os.path.join(runs_dir, f"{ALGORITHM}-{config.env_name}-{stamp}" + (f"-{attempt}" if attempt else ""))
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            continue
+
+
+def final_returns(metrics: dict, fraction: float = 0.05) -> np.ndarray:
+    """Per run: mean return of the episodes that ended in the last `fraction` of updates."""
+    returns, counts = metrics["episode_return"], metrics["episodes_finished"]
+    last = max(1, int(math.ceil(returns.shape[-1] * fraction)))
+    returns, counts = returns[..., -last:], counts[..., -last:]
+    total = np.where(counts > 0, returns * counts, 0.0).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total / counts.sum(-1)
+
+
+def _nanmean(x, axis=None):
+    """np.nanmean that stays quiet (NaN) where every value is NaN: updates with no finished episode."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=axis)
+
+
+def _number(x) -> float | None:
+    """A float for JSON, which has no NaN: None where no value exists (no finished episode)."""
+    return float(x) if math.isfinite(x) else None
+
+
+def package_versions() -> dict:
+    from importlib import metadata
+    versions = {"python": sys.version.split()[0]}
+    for name in ("jax", "jaxlib", "flax", "optax", "gymnax", "chex", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def plot_learning_curves(path: str, metrics: dict, labels: list[str], config: Config) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    steps = metrics["env_steps"][0, 0]
+    for point, label in enumerate(labels):
+        returns = metrics["episode_return"][point]  # [seeds, updates]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean, low, high = (np.nanmean(returns, 0), np.nanmin(returns, 0), np.nanmax(returns, 0))
+        line, = ax.plot(steps, mean, label=label or f"mean of {returns.shape[0]} seeds")
+        ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("environment steps (per run)")
+    ax.set_ylabel("episode return")
+    ax.set_title(f"{ALGORITHM} on {config.env_name}: mean, min-max band over {config.num_seeds} seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config, sweep, args = parse_args(argv)
+        validate(config)
+        points = sweep_points(config, sweep)
+        check_buffer_memory(config, len(points) * config.num_seeds)
+    except ConfigError as error:
+        print(f"{os.path.basename(sys.argv[0]) or 'dqn.py'}: error: {error}", file=sys.stderr)
+        return 2
+    quiet = args.quiet or jax.process_index() != 0  # under jax.distributed, host 0 reports and writes
+    say = (lambda *a, **k: None) if quiet else (lambda *a, **k: print(*a, **k, flush=True))
+    if args.compile_cache:
+        enable_compile_cache()
+
+    # Runs are [sweep point, seed] flattened into one run axis (every point sees the same seeds),
+    # which is sharded over all devices: nothing crosses runs, so each device trains its share.
+    G, S = len(points), config.num_seeds
+    seed_keys = jax.random.split(jax.random.PRNGKey(config.seed), S)
+    values = np.array([[p.get(n, getattr(config, n)) for n in SWEEPABLE] for p in points], np.float32)
+    keys, hparams = pad_runs((np.tile(seed_keys, (G, 1)), HParams(*np.repeat(values, S, axis=0).T)), G * S)
+    sharded = runs_sharding()  # every output below has the run axis first
+    eval_keys = jax.device_put(pad_runs(np.tile(jax.random.split(jax.random.PRNGKey(config.seed + 1), S), (G, 1)),
+                                        G * S), sharded)
+    train = make_train(config)
+    # Initialisation runs on one device and is then spread out: flax's orthogonal init (a LAPACK
+    # QR) deadlocked XLA:CPU when executed on several devices at once. It is cheap either way.
+    init = jax.jit(jax.vmap(train.init))
+    chunk = max(1, math.ceil(config.num_updates / 10))  # ~10 progress reports
+    # The runner (replay buffers included) is donated: each chunk updates it in place, not in a copy.
+    run = jax.jit(jax.vmap(lambda runner, first: train.run(runner, first, chunk), (0, None)), out_shardings=sharded,
+                  donate_argnums=0)
+    evaluate = jax.jit(jax.vmap(make_evaluate(config)), out_shardings=sharded)
+    runs_to_host = lambda tree: gather_runs(tree, (G, S))  # noqa: E731
+
+    say(f"{ALGORITHM} on {config.env_name}: {G * S} run(s) ({S} seeds x {G} sweep points), "
+        f"{config.num_updates} updates of {config.batch_steps} env steps each, on {jax.device_count()} "
+        f"{jax.default_backend()} device(s)")
+    if config.total_timesteps % config.batch_steps:
+        say(f"note: total_timesteps {config.total_timesteps:,} is not a multiple of num_envs * num_steps "
+            f"= {config.batch_steps}; training {config.num_updates * config.batch_steps:,} steps per run")
+    start = time.perf_counter()
+    runner = jax.device_put(init(keys, hparams), sharded)
+    run_compiled = run.lower(runner, jnp.int32(0)).compile()
+    jax.block_until_ready(runner)
+    compile_seconds = time.perf_counter() - start
+    say(f"compiled in {compile_seconds:.1f} s")
+
+    # The updates run as ~10 calls of one compiled chunk, so that the host can report between
+    # them: a callback inside the program would keep it out of the persistent compile cache.
+    # Each chunk is dispatched before the previous one is reported, so reporting costs no time.
+    chunks, start = [], time.perf_counter()
+    firsts = list(range(0, config.num_updates, chunk))
+    for i, first in enumerate(firsts):
+        runner, metrics = run_compiled(runner, jnp.int32(first))
+        chunks.append(metrics)
+        for j in ([i - 1] if i else []) + ([i] if i == len(firsts) - 1 else []):
+            done_updates = min(firsts[j] + chunk, config.num_updates)
+            returns = runs_to_host(chunks[j]["episode_return"])[..., : done_updates - firsts[j]]
+            seconds = time.perf_counter() - start
+            say(f"[{100 * done_updates / config.num_updates:5.1f}%] update {done_updates}/{config.num_updates}"
+                f"  env steps {done_updates * config.batch_steps:,}  return {_nanmean(returns):8.2f}"
+                f"  {done_updates * config.batch_steps * G * S / seconds:,.0f} steps/s")
+    metrics = runs_to_host(jax.tree.map(lambda *c: jnp.concatenate(c, axis=-1), *chunks))
+    metrics = {k: v[..., : config.num_updates] for k, v in metrics.items()}
+    train_seconds = time.perf_counter() - start
+
+    eval_start = time.perf_counter()
+    eval_returns = runs_to_host(evaluate(runner.params, eval_keys))
+    params = runs_to_host(runner.params)
+    eval_seconds = time.perf_counter() - eval_start
+
+    nonfinite = ~metrics["finite"]
+    if jax.process_index() != 0:
+        return 3 if nonfinite.any() else 0
+    run_dir = new_run_dir(args.runs_dir, config)
+    labels = [", ".join(f"{k}={v:g}" for k, v in p.items()) for p in points]
+    finals = final_returns(metrics)  # [G, S]
+    per_point = [{"sweep_point": p, "final_return_mean": _number(_nanmean(f)),
+                  "final_return_std": _number(np.sqrt(_nanmean((f - _nanmean(f)) ** 2))),
+                  "final_return_per_seed": [_number(x) for x in f], "eval_return_mean": _number(np.mean(e))}
+                 for p, f, e in zip(points, finals, eval_returns)]
+    best = max(range(G), key=lambda g: -math.inf if per_point[g]["final_return_mean"] is None
+               else per_point[g]["final_return_mean"])
+    summary = {
+        "algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": S, "total_timesteps": config.total_timesteps,
+        "trained_timesteps": config.num_updates * config.batch_steps,
+        **{k: v for k, v in per_point[best].items() if k != "sweep_point"},
+        "compile_seconds": compile_seconds, "train_seconds": train_seconds, "eval_seconds": eval_seconds,
+        "steps_per_second": config.num_updates * config.batch_steps * G * S / train_seconds,
+        "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+        "versions": package_versions(),
+    }
+    if sweep:
+        summary.update(best_sweep_point=points[best], sweep=per_point)
+    if nonfinite.any():
+        first_bad = int(np.argmax(nonfinite.any(axis=(0, 1))))
+        g, s = map(int, np.argwhere(nonfinite[:, :, first_bad])[0])
+        summary["nonfinite"] = {"first_update": first_bad + 1, "env_steps": (first_bad + 1) * config.batch_steps,
+                                "seed_index": s, "sweep_point": points[g]}
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump({**dataclasses.asdict(config), "sweep": sweep}, f, indent=2)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    np.savez_compressed(os.path.join(run_dir, "metrics.npz"), eval_return=eval_returns,
+                        **{f"sweep_{k}": np.array([p[k] for p in points]) for k in sweep}, **metrics)
+    with open(os.path.join(run_dir, "params.msgpack"), "wb") as f:
+        f.write(serialization.to_bytes(params))
+    plot_learning_curves(os.path.join(run_dir, "learning_curve.png"), metrics, labels, config)
+
+    for p, label in zip(per_point, labels):
+        show = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
+        say(f"{label or 'final'}: return {show(p['final_return_mean'])} ± {show(p['final_return_std'])} over "
+            f"{S} seeds (episodes ending in the last 5% of training), greedy eval {show(p['eval_return_mean'])}")
+    say(f"compile {compile_seconds:.1f} s, train {train_seconds:.1f} s "
+        f"({summary['steps_per_second']:,.0f} env steps/s), eval {eval_seconds:.1f} s")
+    print(f"results: {run_dir}", flush=True)
+    if nonfinite.any():
+        bad = summary["nonfinite"]
+        print(f"error: non-finite loss or parameters first appeared at update {bad['first_update']} "
+              f"(env step {bad['env_steps']:,}, seed index {bad['seed_index']}"
+              + (f", sweep point {bad['sweep_point']}" if sweep else "") + ")", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

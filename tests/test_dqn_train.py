@@ -1,0 +1,305 @@
+"""dqn.make_train on tiny configs: interval bookkeeping, vmap consistency, determinism, sweeps,
+metrics, time-limit truncations in the buffer, the memory estimate.
+
+Every compiled program here is built once per module (fixtures) and shared between tests.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import load_algorithm
+
+# Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
+RTOL, ATOL = 1e-5, 1e-6
+METRIC_NAMES = {"env_steps", "episode_return", "episode_length", "episodes_finished", "loss", "q_mean",
+                "grad_norm", "epsilon", "gradient_steps", "target_updates", "finite"}
+OTHER_LR = 1e-3  # a learning rate that is not the config's
+
+
+@pytest.fixture(scope="module")
+def dqn():
+    return load_algorithm("dqn")
+
+
+@pytest.fixture(scope="module")
+def config(dqn):
+    # num_envs=3 divides neither interval: gradient steps and target updates fall between
+    # vectorized steps, and several of one kind can be due in one step only in `wide`.
+    config = dqn.Config(env_name="CartPole-v1", num_envs=3, num_steps=8, total_timesteps=3 * 8 * 5,
+                        buffer_size=50, batch_size=16, learning_starts=30, train_frequency=4,
+                        target_update_frequency=10, eps_fraction=0.5, num_seeds=1)
+    assert config.num_updates == 5 and config.lr != OTHER_LR
+    return config
+
+
+@pytest.fixture(scope="module")
+def wide(dqn):
+    """More envs than either interval: 2-3 gradient steps and 1-2 target updates per vectorized step."""
+    return dqn.Config(env_name="CartPole-v1", num_envs=10, num_steps=4, total_timesteps=10 * 4 * 3,
+                      buffer_size=64, batch_size=8, learning_starts=45, train_frequency=4,
+                      target_update_frequency=7, tau=0.5, anneal_lr=False, num_seeds=1)
+
+
+@pytest.fixture(scope="module")
+def train(dqn, config):
+    return dqn.make_train(config)
+
+
+@pytest.fixture(scope="module")
+def keys():
+    return jax.random.split(jax.random.PRNGKey(42), 3)
+
+
+@pytest.fixture(scope="module")
+def single(train, keys):
+    """jax.jit(train) on keys 0 and 1, and on key 0 a second time."""
+    run = jax.jit(train)
+    return [jax.device_get(run(key)) for key in (keys[0], keys[1], keys[0])]
+
+
+@pytest.fixture(scope="module")
+def batched(train, keys):
+    """jax.jit(jax.vmap(train)) on all three keys at once."""
+    return jax.device_get(jax.jit(jax.vmap(train))(keys))
+
+
+@pytest.fixture(scope="module")
+def wide_run(dqn, wide, keys):
+    return jax.device_get(jax.jit(jax.vmap(dqn.make_train(wide)))(keys[:2]))
+
+
+def assert_metrics_close(got, want, exact_keys=("env_steps", "episodes_finished", "gradient_steps",
+                                                "target_updates", "finite")):
+    assert set(got) == set(want)
+    for name in want:
+        if name in exact_keys:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def assert_trees_close(got, want):
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL), got, want)
+
+
+def row(tree, i):
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def reference_counts(config, interval):
+    """Per update: env-step counts s (1-based, all envs together) with s % interval == 0 and
+    s > learning_starts, counted one env step at a time."""
+    per_update = config.num_envs * config.num_steps
+    counts = np.zeros(config.num_updates, int)
+    for s in range(1, config.num_updates * per_update + 1):
+        if s % interval == 0 and s > config.learning_starts:
+            counts[(s - 1) // per_update] += 1
+    return counts
+
+
+def adam_count(opt_state):
+    counts = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state)
+              if "count" in jax.tree_util.keystr(path)]
+    assert counts, opt_state
+    return np.asarray(counts[0])
+
+
+@pytest.mark.parametrize("which", ["config", "wide"])
+def test_interval_bookkeeping_for_any_num_envs(dqn, request, which, single, wide_run):
+    config = request.getfixturevalue(which)
+    runner, metrics = single[0] if which == "config" else wide_run
+    want_grad = reference_counts(config, config.train_frequency)
+    want_target = reference_counts(config, config.target_update_frequency)
+    assert config.num_envs % config.train_frequency and config.target_update_frequency % config.num_envs
+    trained = config.num_updates * config.num_envs * config.num_steps
+    L = config.learning_starts
+    # The closed form the schedule promises: every multiple of the interval after learning_starts.
+    assert want_grad.sum() == trained // config.train_frequency - L // config.train_frequency
+    assert want_target.sum() == trained // config.target_update_frequency - L // config.target_update_frequency
+    assert want_grad.sum() == dqn.total_gradient_steps(config) and want_target.sum() == dqn.total_target_updates(config)
+    assert (want_grad == 0).any() and (want_grad > 0).any()
+
+    grad_steps = np.asarray(metrics["gradient_steps"]).reshape(-1, config.num_updates)
+    target_updates = np.asarray(metrics["target_updates"]).reshape(-1, config.num_updates)
+    for g, t in zip(grad_steps, target_updates):
+        np.testing.assert_array_equal(g, want_grad)
+        np.testing.assert_array_equal(t, want_target)
+    # The optimizer really took that many steps (Adam's own step counter).
+    np.testing.assert_array_equal(adam_count(runner.opt_state), want_grad.sum())
+    # Gradient statistics exist exactly in updates that had gradient steps.
+    loss = np.asarray(metrics["loss"]).reshape(grad_steps.shape)
+    np.testing.assert_array_equal(np.isnan(loss), grad_steps == 0)
+
+
+def test_hard_target_update_copies_the_online_network(config, single):
+    """Env step 120 (the last) is a multiple of both intervals: the gradient step comes first,
+    then the copy, so the run ends with target == online."""
+    runner, _ = single[0]
+    total = config.num_updates * config.num_envs * config.num_steps
+    assert config.tau == 1.0 and total % config.train_frequency == 0 and total % config.target_update_frequency == 0
+    jax.tree.map(np.testing.assert_array_equal, runner.target_params, runner.params)
+
+
+def test_soft_target_update_lags_the_online_network(wide_run):
+    runner, _ = wide_run
+    differ = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(runner.target_params),
+                                                    jax.tree.leaves(runner.params))]
+    assert any(differ)
+
+
+def test_vmapped_run_matches_single_runs(single, batched):
+    runner, metrics = batched
+    for i in (0, 1):
+        single_runner, single_metrics = single[i]
+        assert_metrics_close(row(metrics, i), single_metrics)
+        assert_trees_close(row(runner.params, i), single_runner.params)
+        assert_trees_close(row(runner.target_params, i), single_runner.target_params)
+        for name in ("episode_return", "episode_length"):
+            np.testing.assert_array_equal(row(metrics, i)[name], single_metrics[name], err_msg=name)
+
+
+def test_same_key_same_result(single):
+    (runner_a, metrics_a), _, (runner_b, metrics_b) = single
+    for name in metrics_a:
+        np.testing.assert_array_equal(metrics_a[name], metrics_b[name], err_msg=name)
+    jax.tree.map(np.testing.assert_array_equal, runner_a.params, runner_b.params)
+    jax.tree.map(np.testing.assert_array_equal, runner_a.buffer, runner_b.buffer)
+
+
+def test_vmapped_seeds_start_from_different_networks(train, keys, single, batched):
+    init = jax.jit(jax.vmap(train.init))
+    params = jax.device_get(init(keys).params)
+    kernels = [leaf for leaf in jax.tree.leaves(params) if np.abs(leaf).sum() > 0]  # biases start at zero
+    assert kernels
+    for leaf in kernels:
+        for i in range(len(keys)):
+            for j in range(i):
+                assert not np.array_equal(leaf[i], leaf[j])
+    # Each vmapped seed's start is that key's own start.
+    alone = jax.device_get(jax.jit(train.init)(keys[1]).params)
+    jax.tree.map(np.testing.assert_array_equal, row(params, 1), alone)
+    # And the runs go different ways: different losses, different buffers.
+    runner, metrics = batched
+    assert not np.array_equal(metrics["loss"][0], metrics["loss"][1])
+    assert not np.array_equal(runner.buffer.data.obs[0], runner.buffer.data.obs[1])
+
+
+def test_sweep_point_equals_run_with_that_config(dqn, config, keys, single):
+    """vmap over HParams(lr=[OTHER_LR, config.lr]) of a program built for lr=OTHER_LR: the
+    second point must be the run whose Config says lr=config.lr."""
+    other = dataclasses.replace(config, lr=OTHER_LR)
+    hparams = dqn.hparams_from(other)
+    hparams = jax.tree.map(lambda x: jnp.stack([x, x]), hparams)._replace(
+        lr=jnp.array([OTHER_LR, config.lr], jnp.float32))
+    runner, metrics = jax.device_get(jax.jit(jax.vmap(dqn.make_train(other), in_axes=(None, 0)))(keys[0], hparams))
+    single_runner, single_metrics = single[0]
+    assert_metrics_close(row(metrics, 1), single_metrics)
+    assert_trees_close(row(runner.params, 1), single_runner.params)
+    assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3, equal_nan=True)
+
+
+def test_chunked_run_matches_train(train, config, keys, single):
+    """train.init + train.run in chunks (what the command line does) == train; updates past
+    the config's end are skipped and leave the runner alone."""
+    chunk = 3
+    init = jax.jit(train.init)
+    run = jax.jit(train.run, static_argnums=2)
+    runner = init(keys[0])
+    parts = []
+    for first in range(0, 2 * chunk, chunk):  # updates 0..5 of 5
+        runner, metrics = run(runner, jnp.int32(first), chunk)
+        parts.append(jax.device_get(metrics))
+    metrics = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    single_runner, single_metrics = single[0]
+    assert_metrics_close({k: v[:config.num_updates] for k, v in metrics.items()}, single_metrics)
+    assert_trees_close(jax.device_get(runner.params), single_runner.params)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(runner.buffer), single_runner.buffer)
+    assert not metrics["finite"][config.num_updates:].any()  # skipped updates report nothing
+
+
+def test_metric_shapes_and_bookkeeping(dqn, config, single, batched):
+    runner, metrics = single[0]
+    assert METRIC_NAMES <= set(metrics)
+    U = config.num_updates
+    for name, value in metrics.items():
+        assert np.shape(value) == (U,), name
+    _, all_metrics = batched
+    for name, value in all_metrics.items():
+        assert np.shape(value) == (3, U), name
+    per_update = config.num_envs * config.num_steps
+    np.testing.assert_array_equal(metrics["env_steps"], np.arange(1, U + 1) * per_update)
+
+    finished = all_metrics["episodes_finished"]
+    assert np.issubdtype(finished.dtype, np.integer) and (finished >= 0).all()
+    for name in ("episode_return", "episode_length"):
+        np.testing.assert_array_equal(np.isnan(all_metrics[name]), finished == 0, err_msg=name)
+    assert all_metrics["finite"].all()
+    assert (np.nan_to_num(all_metrics["grad_norm"], nan=1.0) > 0).all()
+
+    # Epsilon of the last vectorized step of each update: linear from eps_start to eps_end.
+    last_step = (np.arange(U) * config.num_steps + config.num_steps - 1) * config.num_envs
+    progress = np.minimum(last_step / (config.eps_fraction * config.total_timesteps), 1.0)
+    want = config.eps_start + (config.eps_end - config.eps_start) * progress
+    np.testing.assert_allclose(metrics["epsilon"], want, rtol=1e-6)
+    assert want[-1] == pytest.approx(config.eps_end) and want[0] > config.eps_end + 0.1
+
+    # 120 transitions went through a 50-slot buffer: full, next write at slot 120 % 50.
+    assert runner.buffer.size == config.buffer_size and runner.buffer.position == 120 % config.buffer_size
+
+
+def test_episode_accounting_adds_up(config, batched):
+    runner, metrics = batched
+    finished = metrics["episodes_finished"]
+    lengths = np.where(finished > 0, metrics["episode_length"], 0.0) * finished
+    total = lengths.sum(-1) + runner.episode_length.sum(-1)
+    np.testing.assert_allclose(total, config.num_updates * config.num_envs * config.num_steps, rtol=1e-6)
+    np.testing.assert_array_equal(metrics["episode_return"], metrics["episode_length"])  # CartPole: 1 per step
+
+
+def test_time_limit_truncation_is_stored_as_not_terminated(dqn, monkeypatch):
+    """With a 5-step time limit every episode is cut off (a pole cannot fall in 5 steps): the
+    stored transitions must say not terminated, with final_obs the state the limit cut off."""
+    limit = 5
+
+    class ShortEpisodes(dqn.VecEnv):
+        def __init__(self, env_name, num_envs):
+            super().__init__(env_name, num_envs)
+            self.params = self.params.replace(max_steps_in_episode=limit)
+            self.max_episode_steps = limit
+
+    monkeypatch.setattr(dqn, "VecEnv", ShortEpisodes)
+    N, T = 2, 10
+    config = dqn.Config(num_envs=N, num_steps=T, total_timesteps=N * T * 2, buffer_size=N * T * 2,
+                        learning_starts=N * T, batch_size=8, train_frequency=5, target_update_frequency=10,
+                        num_seeds=1)
+    runner, metrics = jax.device_get(jax.jit(dqn.make_train(config))(jax.random.PRNGKey(0)))
+    np.testing.assert_array_equal(metrics["episodes_finished"], N * T // limit)
+    np.testing.assert_array_equal(metrics["episode_length"], limit)
+    data = runner.buffer.data  # slot k * N + e: vectorized step k, env e
+    steps = 2 * T
+    obs = data.obs.reshape(steps, N, -1)
+    final_obs = data.final_obs.reshape(steps, N, -1)
+    assert not data.terminated.any()
+    cut = (np.arange(steps) + 1) % limit == 0
+    # Within an episode the next stored obs is this transition's final_obs; at the limit it is a
+    # fresh start instead, while final_obs keeps the cut-off state.
+    same = (obs[1:] == final_obs[:-1]).all(-1)
+    np.testing.assert_array_equal(same, np.broadcast_to(~cut[:-1, None], same.shape))
+    assert metrics["finite"].all() and (metrics["gradient_steps"][1:] > 0).all()
+
+
+def test_memory_estimate_refuses_impossible_buffers(dqn):
+    per_transition = dqn.transition_bytes(4)  # CartPole: 4 floats of obs
+    assert per_transition == 2 * 4 * 4 + 4 + 4 + 1
+    available, _ = dqn.available_memory()
+    # Two runs need 90% of the memory available now, three 135%: margins for other processes.
+    buffer_size = int(0.45 * available / per_transition)
+    config = dqn.Config(buffer_size=buffer_size, num_seeds=3)
+    with pytest.raises(dqn.ConfigError, match="--buffer-size") as error:
+        dqn.validate(config)
+    assert f"{buffer_size:,}" in str(error.value) and "memory" in str(error.value)
+    dqn.check_buffer_memory(dataclasses.replace(config, num_seeds=2), 2)  # two runs fit
+    with pytest.raises(dqn.ConfigError):
+        dqn.check_buffer_memory(dataclasses.replace(config, num_seeds=2), 3)  # three (e.g. a sweep) do not
