@@ -38,8 +38,8 @@ PUREJAXRL_CONFIG = dict(num_envs=4, num_steps=128, update_epochs=4, num_minibatc
 THRESHOLD = 475.0
 
 
-def worker(seeds: int) -> None:
-    """Times our train at PureJAXRL's config, the way the peer driver times theirs."""
+def worker(seeds: int, preset: str) -> None:
+    """Times our train at PureJAXRL's config (or our defaults), as the peer driver times theirs."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("ppo", PPO)
     ppo = importlib.util.module_from_spec(spec)
@@ -47,7 +47,7 @@ def worker(seeds: int) -> None:
     import jax
     import numpy as np
 
-    config = ppo.Config(**PUREJAXRL_CONFIG, num_seeds=seeds)
+    config = ppo.Config(**(PUREJAXRL_CONFIG if preset == "purejaxrl" else {}), num_seeds=seeds)
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
     start = time.perf_counter()
     lowered = jax.jit(jax.vmap(ppo.make_train(config))).lower(keys)
@@ -101,12 +101,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", default="all", choices=["all", "worker"])
     parser.add_argument("--seeds", type=int, default=1, help="worker mode: vmapped seeds")
+    parser.add_argument("--preset", default="purejaxrl", choices=["purejaxrl", "defaults"],
+                        help="worker mode: PureJAXRL's CartPole hyperparameters or ppo.py's defaults")
     parser.add_argument("--seed-counts", default="1,8,32", help="throughput at these seed counts")
     parser.add_argument("--rounds", type=int, default=2, help="repetitions of the throughput pairs")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = parser.parse_args()
     if args.mode == "worker":
-        return worker(args.seeds)
+        return worker(args.seeds, args.preset)
 
     import jax
     backend = jax.default_backend()
@@ -129,6 +131,14 @@ def main() -> None:
             print(f"defaults ({attempt} cache): compile {result['compile_seconds']:.1f} s, train "
                   f"{result['train_seconds']:.1f} s, final returns {[round(x) for x in result['final_return_per_seed']]}",
                   flush=True)
+
+    # The command line runs the updates in ~10 chunks to report progress; one jitted call of the
+    # whole run at the same config shows what that costs.
+    result = run_result([sys.executable, os.path.abspath(__file__), "worker", "--preset", "defaults",
+                         "--seeds", str(records[0]["num_seeds"])])
+    if result:
+        record("monolithic_defaults", result)
+        print(f"defaults as one jitted call: {result['steps_per_s']:,.0f} steps/s", flush=True)
 
     purejaxrl = os.environ.get("PUREJAXRL")
     peer_driver = os.path.join(PEERS, "purejaxrl_bench.py")
@@ -178,6 +188,11 @@ def write_table(records: list, path: str, backend: str, device: str) -> None:
         to_threshold = "never" if r["seconds_to_threshold"] is None else f"{r['seconds_to_threshold']:.1f}"
         lines.append(f"| {name} | {r['compile_seconds']:.2f} | {r['train_seconds']:.1f} | {r['steps_per_second']:,.0f} | "
                      f"{', '.join(str(round(x)) for x in r['final_return_per_seed'])} | {to_threshold} |")
+    mono = next((r for r in records if r["kind"] == "monolithic_defaults"), None)
+    if mono:
+        lines += ["", f"Progress reporting: the command line's {cold['steps_per_second']:,.0f} env steps/s (cold run) "
+                  f"against {mono['steps_per_s']:,.0f} for the same config as one `jax.jit(jax.vmap(train))` call "
+                  f"without progress: a ratio of {cold['steps_per_second'] / mono['steps_per_s']:.3f}."]
     lines += ["", "## PureJAXRL's CartPole hyperparameters (4 envs x 128 steps, 4 x 4 minibatches, 5e5 steps)", "",
               "Median over rounds; the ratio is taken within each round's back-to-back pair.", "",
               "`ours, XLA scheduler` is ppo.py with XLA's default CPU scheduler (PureJAXRL's setting), "
