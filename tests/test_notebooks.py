@@ -18,7 +18,6 @@ NOTEBOOK_SMOKE_TEST=1. A failure reports the failing cell's source and its error
 import base64
 import io
 import json
-import os
 import pathlib
 import re
 import sys
