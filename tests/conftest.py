@@ -10,6 +10,7 @@ import importlib.util
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -31,11 +32,93 @@ def _load(name: str, path: pathlib.Path):
 
 
 _PPO = _load("ppo", PPO_PATH)
+import jax  # noqa: E402  (only now: ppo.py had to set XLA_FLAGS before jax started)
+
+# [T=6, N=5] episode-boundary patterns for the return tests (GAE, Q(lambda), ...), one env per column:
+#   0: no boundary at all (bootstraps from the next value at the end of the rollout)
+#   1: terminated mid-rollout (t=2), then terminated at the last step
+#   2: truncated mid-rollout (t=1) and truncated at the last step
+#   3: terminated AND truncated at the same step (t=3), and both at the last step
+#   4: two boundaries in a row (truncated t=2, terminated t=3), nothing at the last step
+TERMINATED = np.array([
+    [0, 0, 0, 0, 0],
+    [0, 0, 0, 0, 0],
+    [0, 1, 0, 0, 0],
+    [0, 0, 0, 1, 1],
+    [0, 0, 0, 0, 0],
+    [0, 1, 0, 1, 0],
+], bool)
+TRUNCATED = np.array([
+    [0, 0, 0, 0, 0],
+    [0, 0, 1, 0, 0],
+    [0, 0, 0, 0, 1],
+    [0, 0, 0, 1, 0],
+    [0, 0, 0, 0, 0],
+    [0, 0, 1, 1, 0],
+], bool)
 
 
 def load_algorithm(name: str):
     """algorithms/<name>.py as a module, loaded once per session (all files set the same XLA_FLAGS)."""
     return _load(name, ROOT / "algorithms" / f"{name}.py")
+
+
+# The training tests' small configs (CartPole-v1), each compiled once per session and shared by
+# tests/test_train.py and the algorithm's own test file; a module says which algorithm it tests
+# with a `name` fixture. Values: (Config fields, updates they give, a learning rate that is not
+# the config's, for the sweep test).
+SMALL_TRAIN = {
+    "ppo": (dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6, num_minibatches=2, update_epochs=2,
+                 num_seeds=1), 6, 1e-3),
+    # 4-step rollouts: no CartPole episode ends within the first update, later ones do.
+    "pqn": (dict(num_envs=8, num_steps=4, total_timesteps=8 * 4 * 6, num_minibatches=2, update_epochs=2,
+                 num_seeds=1, hidden_size=32, eps_start=0.9, eps_end=0.1, eps_decay=0.5), 6, 3e-3),
+    # num_envs=3 divides neither interval: gradient steps and target updates fall between
+    # vectorized steps.
+    "dqn": (dict(num_envs=3, num_steps=8, total_timesteps=3 * 8 * 5, buffer_size=50, batch_size=16,
+                 learning_starts=30, train_frequency=4, target_update_frequency=10, eps_fraction=0.5,
+                 num_seeds=1), 5, 1e-3),
+}
+_SHARED = {}
+
+
+def _shared(key, make):
+    if key not in _SHARED:
+        _SHARED[key] = make()
+    return _SHARED[key]
+
+
+@pytest.fixture(scope="module")
+def config(name):
+    fields, updates, other_lr = SMALL_TRAIN[name]
+    config = load_algorithm(name).Config(env_name="CartPole-v1", **fields)
+    assert config.num_updates == updates and config.lr != other_lr
+    return config
+
+
+@pytest.fixture(scope="module")
+def train(name, config):
+    return _shared(("train", name), lambda: load_algorithm(name).make_train(config))
+
+
+@pytest.fixture(scope="module")
+def keys():
+    return jax.random.split(jax.random.PRNGKey(42), 3)
+
+
+@pytest.fixture(scope="module")
+def single(name, train, keys):
+    """jax.jit(train) on keys 0 and 1, and on key 0 a second time."""
+    def make():
+        run = jax.jit(train)
+        return [jax.device_get(run(key)) for key in (keys[0], keys[1], keys[0])]
+    return _shared(("single", name), make)
+
+
+@pytest.fixture(scope="module")
+def batched(name, train, keys):
+    """jax.jit(jax.vmap(train)) on all three keys at once."""
+    return _shared(("batched", name), lambda: jax.device_get(jax.jit(jax.vmap(train))(keys)))
 
 
 @pytest.fixture(scope="session")

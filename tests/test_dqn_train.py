@@ -6,32 +6,23 @@ Every compiled program here is built once per module (fixtures) and shared betwe
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import load_algorithm
 
-# Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
-RTOL, ATOL = 1e-5, 1e-6
 METRIC_NAMES = {"env_steps", "episode_return", "episode_length", "episodes_finished", "loss", "q_mean",
                 "grad_norm", "epsilon", "gradient_steps", "target_updates", "finite"}
-OTHER_LR = 1e-3  # a learning rate that is not the config's
+
+
+@pytest.fixture(scope="module")
+def name():
+    """The algorithm whose small config conftest's config/train/single/batched fixtures build."""
+    return "dqn"
 
 
 @pytest.fixture(scope="module")
 def dqn():
     return load_algorithm("dqn")
-
-
-@pytest.fixture(scope="module")
-def config(dqn):
-    # num_envs=3 divides neither interval: gradient steps and target updates fall between
-    # vectorized steps, and several of one kind can be due in one step only in `wide`.
-    config = dqn.Config(env_name="CartPole-v1", num_envs=3, num_steps=8, total_timesteps=3 * 8 * 5,
-                        buffer_size=50, batch_size=16, learning_starts=30, train_frequency=4,
-                        target_update_frequency=10, eps_fraction=0.5, num_seeds=1)
-    assert config.num_updates == 5 and config.lr != OTHER_LR
-    return config
 
 
 @pytest.fixture(scope="module")
@@ -43,45 +34,8 @@ def wide(dqn):
 
 
 @pytest.fixture(scope="module")
-def train(dqn, config):
-    return dqn.make_train(config)
-
-
-@pytest.fixture(scope="module")
-def keys():
-    return jax.random.split(jax.random.PRNGKey(42), 3)
-
-
-@pytest.fixture(scope="module")
-def single(train, keys):
-    """jax.jit(train) on keys 0 and 1, and on key 0 a second time."""
-    run = jax.jit(train)
-    return [jax.device_get(run(key)) for key in (keys[0], keys[1], keys[0])]
-
-
-@pytest.fixture(scope="module")
-def batched(train, keys):
-    """jax.jit(jax.vmap(train)) on all three keys at once."""
-    return jax.device_get(jax.jit(jax.vmap(train))(keys))
-
-
-@pytest.fixture(scope="module")
 def wide_run(dqn, wide, keys):
     return jax.device_get(jax.jit(jax.vmap(dqn.make_train(wide)))(keys[:2]))
-
-
-def assert_metrics_close(got, want, exact_keys=("env_steps", "episodes_finished", "gradient_steps",
-                                                "target_updates", "finite")):
-    assert set(got) == set(want)
-    for name in want:
-        if name in exact_keys:
-            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-        else:
-            np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
-
-
-def assert_trees_close(got, want):
-    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL), got, want)
 
 
 def row(tree, i):
@@ -149,25 +103,6 @@ def test_soft_target_update_lags_the_online_network(wide_run):
     assert any(differ)
 
 
-def test_vmapped_run_matches_single_runs(single, batched):
-    runner, metrics = batched
-    for i in (0, 1):
-        single_runner, single_metrics = single[i]
-        assert_metrics_close(row(metrics, i), single_metrics)
-        assert_trees_close(row(runner.params, i), single_runner.params)
-        assert_trees_close(row(runner.target_params, i), single_runner.target_params)
-        for name in ("episode_return", "episode_length"):
-            np.testing.assert_array_equal(row(metrics, i)[name], single_metrics[name], err_msg=name)
-
-
-def test_same_key_same_result(single):
-    (runner_a, metrics_a), _, (runner_b, metrics_b) = single
-    for name in metrics_a:
-        np.testing.assert_array_equal(metrics_a[name], metrics_b[name], err_msg=name)
-    jax.tree.map(np.testing.assert_array_equal, runner_a.params, runner_b.params)
-    jax.tree.map(np.testing.assert_array_equal, runner_a.buffer, runner_b.buffer)
-
-
 def test_vmapped_seeds_start_from_different_networks(train, keys, single, batched):
     init = jax.jit(jax.vmap(train.init))
     params = jax.device_get(init(keys).params)
@@ -184,39 +119,6 @@ def test_vmapped_seeds_start_from_different_networks(train, keys, single, batche
     runner, metrics = batched
     assert not np.array_equal(metrics["loss"][0], metrics["loss"][1])
     assert not np.array_equal(runner.buffer.data.obs[0], runner.buffer.data.obs[1])
-
-
-def test_sweep_point_equals_run_with_that_config(dqn, config, keys, single):
-    """vmap over HParams(lr=[OTHER_LR, config.lr]) of a program built for lr=OTHER_LR: the
-    second point must be the run whose Config says lr=config.lr."""
-    other = dataclasses.replace(config, lr=OTHER_LR)
-    hparams = dqn.hparams_from(other)
-    hparams = jax.tree.map(lambda x: jnp.stack([x, x]), hparams)._replace(
-        lr=jnp.array([OTHER_LR, config.lr], jnp.float32))
-    runner, metrics = jax.device_get(jax.jit(jax.vmap(dqn.make_train(other), in_axes=(None, 0)))(keys[0], hparams))
-    single_runner, single_metrics = single[0]
-    assert_metrics_close(row(metrics, 1), single_metrics)
-    assert_trees_close(row(runner.params, 1), single_runner.params)
-    assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3, equal_nan=True)
-
-
-def test_chunked_run_matches_train(train, config, keys, single):
-    """train.init + train.run in chunks (what the command line does) == train; updates past
-    the config's end are skipped and leave the runner alone."""
-    chunk = 3
-    init = jax.jit(train.init)
-    run = jax.jit(train.run, static_argnums=2)
-    runner = init(keys[0])
-    parts = []
-    for first in range(0, 2 * chunk, chunk):  # updates 0..5 of 5
-        runner, metrics = run(runner, jnp.int32(first), chunk)
-        parts.append(jax.device_get(metrics))
-    metrics = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    single_runner, single_metrics = single[0]
-    assert_metrics_close({k: v[:config.num_updates] for k, v in metrics.items()}, single_metrics)
-    assert_trees_close(jax.device_get(runner.params), single_runner.params)
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(runner.buffer), single_runner.buffer)
-    assert not metrics["finite"][config.num_updates:].any()  # skipped updates report nothing
 
 
 def test_metric_shapes_and_bookkeeping(dqn, config, single, batched):

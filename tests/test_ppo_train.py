@@ -1,86 +1,22 @@
-"""make_train on a tiny config: vmap consistency, determinism, sweeps, metric bookkeeping.
+"""ppo.make_train on a tiny config: metric bookkeeping, episode accounting, final returns (the checks
+every algorithm shares are in tests/test_train.py).
 
 Every compiled program here is built once per module (fixtures) and shared between tests.
 """
-import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-# Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
-RTOL, ATOL = 1e-5, 1e-6
 METRIC_NAMES = {"env_steps", "episode_return", "episode_length", "episodes_finished", "loss", "policy_loss",
                 "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "finite"}
-OTHER_LR = 1e-3  # a learning rate that is not the config's
 
 
 @pytest.fixture(scope="module")
-def config(ppo):
-    config = ppo.Config(env_name="CartPole-v1", num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6,
-                        num_minibatches=2, update_epochs=2, num_seeds=1)
-    assert config.num_updates == 6 and config.lr != OTHER_LR
-    return config
-
-
-@pytest.fixture(scope="module")
-def train(ppo, config):
-    return ppo.make_train(config)
-
-
-@pytest.fixture(scope="module")
-def keys():
-    return jax.random.split(jax.random.PRNGKey(42), 3)
-
-
-@pytest.fixture(scope="module")
-def single(train, keys):
-    """jax.jit(train) on keys 0 and 1, and on key 0 a second time."""
-    run = jax.jit(train)
-    return [jax.device_get(run(key)) for key in (keys[0], keys[1], keys[0])]
-
-
-@pytest.fixture(scope="module")
-def batched(train, keys):
-    """jax.jit(jax.vmap(train)) on all three keys at once."""
-    return jax.device_get(jax.jit(jax.vmap(train))(keys))
-
-
-def assert_metrics_close(got, want, exact_keys=("env_steps", "episodes_finished", "finite")):
-    assert set(got) == set(want)
-    for name in want:
-        if name in exact_keys:
-            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-        else:
-            np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
-
-
-def assert_trees_close(got, want):
-    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL), got, want)
-
-
-def row(tree, i):
-    return jax.tree.map(lambda x: x[i], tree)
-
-
-def test_vmapped_run_matches_single_runs(single, batched):
-    runner, metrics = batched
-    for i in (0, 1):
-        single_runner, single_metrics = single[i]
-        assert_metrics_close(row(metrics, i), single_metrics)
-        assert_trees_close(row(runner.params, i), single_runner.params)
-        # Episode bookkeeping is integer/step counting: identical, not merely close.
-        for name in ("episode_return", "episode_length"):
-            np.testing.assert_array_equal(row(metrics, i)[name], single_metrics[name], err_msg=name)
-
-
-def test_same_key_same_result(single):
-    (runner_a, metrics_a), _, (runner_b, metrics_b) = single
-    for name in metrics_a:
-        np.testing.assert_array_equal(metrics_a[name], metrics_b[name], err_msg=name)
-    jax.tree.map(np.testing.assert_array_equal, runner_a.params, runner_b.params)
+def name():
+    """The algorithm whose small config conftest's config/train/single/batched fixtures build."""
+    return "ppo"
 
 
 def test_different_keys_differ(train, keys, single):
@@ -94,42 +30,6 @@ def test_different_keys_differ(train, keys, single):
     (_, metrics_a), (_, metrics_b), _ = single
     assert not np.array_equal(metrics_a["loss"], metrics_b["loss"])
     assert not np.array_equal(metrics_a["entropy"], metrics_b["entropy"])
-
-
-def test_sweep_point_equals_run_with_that_config(ppo, config, keys, single):
-    """vmap over HParams(lr=[OTHER_LR, config.lr]) of a program built for lr=OTHER_LR: the
-    second point must be the run whose Config says lr=config.lr."""
-    other = dataclasses.replace(config, lr=OTHER_LR)
-    train_other = ppo.make_train(other)
-    hparams = ppo.hparams_from(other)
-    hparams = jax.tree.map(lambda x: jnp.stack([x, x]), hparams)._replace(
-        lr=jnp.array([OTHER_LR, config.lr], jnp.float32))
-    runner, metrics = jax.device_get(jax.jit(jax.vmap(train_other, in_axes=(None, 0)))(keys[0], hparams))
-
-    single_runner, single_metrics = single[0]  # make_train(config)(keys[0])
-    assert_metrics_close(row(metrics, 1), single_metrics)
-    assert_trees_close(row(runner.params, 1), single_runner.params)
-    np.testing.assert_allclose(runner.hparams.lr, [OTHER_LR, config.lr], rtol=1e-7)
-    # The learning rate really is a run-time input: the two points train differently.
-    assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3)
-
-
-def test_chunked_run_matches_train(train, config, keys, single):
-    """train.init + train.run in chunks (what the command line does) == train; updates past
-    the config's end are skipped and leave the runner alone."""
-    chunk = 4
-    init = jax.jit(train.init)
-    run = jax.jit(train.run, static_argnums=2)
-    runner = init(keys[0])
-    parts = []
-    for first in range(0, 2 * chunk, chunk):  # updates 0..7 of 6
-        runner, metrics = run(runner, jnp.int32(first), chunk)
-        parts.append(jax.device_get(metrics))
-    metrics = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    single_runner, single_metrics = single[0]
-    assert_metrics_close({k: v[:config.num_updates] for k, v in metrics.items()}, single_metrics)
-    assert_trees_close(jax.device_get(runner.params), single_runner.params)
-    assert not metrics["finite"][config.num_updates:].any()  # skipped updates report nothing
 
 
 def test_metric_shapes_and_bookkeeping(config, single, batched):

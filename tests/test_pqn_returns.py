@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import load_algorithm
+from conftest import TERMINATED, TRUNCATED
 
 
 @pytest.fixture(scope="module")
@@ -59,28 +60,7 @@ def reference_forward(reward, next_q, terminated, truncated, gamma, lam):
     return returns
 
 
-# [T=6, N=5] episode-boundary patterns, one env per column:
-#   0: no boundary at all (bootstraps from next_q at the end of the rollout)
-#   1: terminated mid-rollout (t=2), then terminated at the last step
-#   2: truncated mid-rollout (t=1) and truncated at the last step
-#   3: terminated AND truncated at the same step (t=3), and both at the last step
-#   4: two boundaries in a row (truncated t=2, terminated t=3), nothing at the last step
-TERMINATED = np.array([
-    [0, 0, 0, 0, 0],
-    [0, 0, 0, 0, 0],
-    [0, 1, 0, 0, 0],
-    [0, 0, 0, 1, 1],
-    [0, 0, 0, 0, 0],
-    [0, 1, 0, 1, 0],
-], bool)
-TRUNCATED = np.array([
-    [0, 0, 0, 0, 0],
-    [0, 0, 1, 0, 0],
-    [0, 0, 0, 0, 1],
-    [0, 0, 0, 1, 0],
-    [0, 0, 0, 0, 0],
-    [0, 0, 1, 1, 0],
-], bool)
+# TERMINATED, TRUNCATED: the [T=6, N=5] episode-boundary patterns shared with every return test.
 
 
 def trajectory(seed):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 from flax import serialization
-from test_cli import ALGORITHMS, results_dir
+from test_cli import ALGORITHMS, _leaves, results_dir
 
 SMALL = ("--total-timesteps", "4096", "--num-envs", "4", "--num-steps", "32", "--num-seeds", "3",
          "--sweep", "lr=1e-3,3e-3", "--quiet")
@@ -41,14 +41,6 @@ def runs(request, tmp_path_factory):
         params = serialization.msgpack_restore((run_dir / "params.msgpack").read_bytes())
         out[devices] = metrics, params
     return out
-
-
-def _leaves(tree, prefix=""):
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _leaves(value, f"{prefix}{key}/")
-    else:
-        yield prefix.rstrip("/"), np.asarray(tree)
 
 
 @pytest.mark.parametrize("devices", [2, 4])

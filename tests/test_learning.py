@@ -1,0 +1,45 @@
+"""Every algorithm's default Config solves CartPole-v1 on every seed (the expensive tests)."""
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT, load_algorithm
+
+SOLVED = 475.0  # CartPole-v1's own "solved" threshold (episodes are capped at 500)
+
+
+def _pqn_checks(pqn, config, runner, metrics):
+    # Training episodes are epsilon-greedy: they are scored at the configured final epsilon.
+    np.testing.assert_allclose(metrics["epsilon"][:, -1], config.eps_end, rtol=1e-6)
+
+
+def _dqn_checks(dqn, config, runner, metrics):
+    np.testing.assert_array_equal(metrics["gradient_steps"].sum(-1), dqn.total_gradient_steps(config))
+    # The greedy policy (no exploration) does at least as well on fresh episodes.
+    eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
+    greedy = np.asarray(jax.jit(jax.vmap(dqn.make_evaluate(config)))(runner.params, eval_keys))
+    assert (greedy >= SOLVED).all(), f"greedy evaluation returns per seed: {np.round(greedy, 1)}"
+
+
+EXTRA_CHECKS = {"ppo": None, "pqn": _pqn_checks, "dqn": _dqn_checks}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", [n for n in EXTRA_CHECKS if (ROOT / "algorithms" / f"{n}.py").exists()])
+def test_default_config_solves_cartpole_on_every_seed(name):
+    module = load_algorithm(name)
+    config = module.Config()
+    assert config.env_name == "CartPole-v1"
+    assert config.num_seeds >= 8, "the default must train several seeds side by side"
+    # The same seeds the command line uses for this config.
+    keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+    runner, metrics = jax.jit(jax.vmap(module.make_train(config)))(keys)
+    metrics = jax.device_get(metrics)
+
+    assert metrics["finite"].all()
+    assert metrics["episode_return"].shape == (config.num_seeds, config.num_updates)
+    finals = module.final_returns(metrics)
+    assert finals.shape == (config.num_seeds,)
+    assert not np.isnan(finals).any(), f"a seed finished no episode near the end: {finals}"
+    assert (finals >= SOLVED).all(), f"final returns per seed: {np.round(finals, 1)}"
+    if EXTRA_CHECKS[name]:
+        EXTRA_CHECKS[name](module, config, runner, metrics)

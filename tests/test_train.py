@@ -1,0 +1,89 @@
+"""What every algorithm's `train` must satisfy, on the small configs in conftest.SMALL_TRAIN:
+one key alone equals that key inside a vmapped batch, the same key twice is identical, a sweep
+point equals the run whose Config has that value, and running in chunks (as the command line
+does) equals one call. Algorithm-specific checks live in tests/test_<name>_train.py."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT, SMALL_TRAIN, load_algorithm
+
+# Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@pytest.fixture(scope="module", params=[n for n in SMALL_TRAIN if (ROOT / "algorithms" / f"{n}.py").exists()])
+def name(request):
+    return request.param
+
+
+def assert_close(got, want, path=""):
+    """Float leaves agree to RTOL/ATOL; integer and bool leaves (counts, keys, flags) exactly."""
+    def check(path, g, w):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.dtype.kind == "f":
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=jax.tree_util.keystr(path))
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=jax.tree_util.keystr(path))
+    jax.tree_util.tree_map_with_path(check, got, want)
+
+
+def row(tree, i):
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def test_vmapped_run_matches_single_runs(single, batched):
+    runner, metrics = batched
+    for i in (0, 1):
+        single_runner, single_metrics = single[i]
+        assert set(metrics) == set(single_metrics)
+        assert_close(row(metrics, i), single_metrics)
+        assert_close(row(runner, i), single_runner)  # params, optimizer, env and any buffer or target net
+        # Episode bookkeeping is step counting: identical, not merely close.
+        for metric in ("episode_return", "episode_length"):
+            np.testing.assert_array_equal(row(metrics, i)[metric], single_metrics[metric], err_msg=metric)
+
+
+def test_same_key_same_result(single):
+    (runner_a, metrics_a), _, (runner_b, metrics_b) = single
+    for metric in metrics_a:
+        np.testing.assert_array_equal(metrics_a[metric], metrics_b[metric], err_msg=metric)
+    jax.tree.map(np.testing.assert_array_equal, runner_a, runner_b)
+
+
+def test_sweep_point_equals_run_with_that_config(name, config, keys, single):
+    """vmap over HParams(lr=[other_lr, config.lr]) of a program built for lr=other_lr: the
+    second point must be the run whose Config says lr=config.lr."""
+    module, other_lr = load_algorithm(name), SMALL_TRAIN[name][2]
+    other = dataclasses.replace(config, lr=other_lr)
+    hparams = jax.tree.map(lambda x: jnp.stack([x, x]), module.hparams_from(other))._replace(
+        lr=jnp.array([other_lr, config.lr], jnp.float32))
+    runner, metrics = jax.device_get(jax.jit(jax.vmap(module.make_train(other), in_axes=(None, 0)))(keys[0], hparams))
+
+    single_runner, single_metrics = single[0]  # make_train(config)(keys[0])
+    assert_close(row(metrics, 1), single_metrics)
+    assert_close(row(runner.params, 1), single_runner.params)
+    np.testing.assert_allclose(runner.hparams.lr, [other_lr, config.lr], rtol=1e-7)
+    # The learning rate really is a run-time input: the two points train differently.
+    assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3, equal_nan=True)
+
+
+def test_chunked_run_matches_train(train, config, keys, single):
+    """train.init + train.run in chunks (what the command line does) == train; updates past
+    the config's end are skipped and leave the runner alone."""
+    chunk = 4
+    init = jax.jit(train.init)
+    run = jax.jit(train.run, static_argnums=2)
+    runner = init(keys[0])
+    parts = []
+    for first in range(0, 2 * chunk, chunk):  # 8 updates, past the config's end
+        runner, metrics = run(runner, jnp.int32(first), chunk)
+        parts.append(jax.device_get(metrics))
+    assert 2 * chunk > config.num_updates
+    metrics = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    single_runner, single_metrics = single[0]
+    assert_close({k: v[:config.num_updates] for k, v in metrics.items()}, single_metrics)
+    assert_close(jax.device_get(runner), single_runner)
+    assert not metrics["finite"][config.num_updates:].any()  # skipped updates report nothing
