@@ -849,7 +849,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The updates run as ~10 calls of one compiled chunk, so that the host can report between
     # them: a callback inside the program would keep it out of the persistent compile cache.
     # Each chunk is dispatched before the previous one is reported, so reporting costs no time.
-    chunks, start = [], time.perf_counter()
+    chunks, chunk_ends, start = [], [], time.perf_counter()
     firsts = list(range(0, config.num_updates, chunk))
     for i, first in enumerate(firsts):
         runner, metrics = run_compiled(runner, jnp.int32(first))
@@ -857,13 +857,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for j in ([i - 1] if i else []) + ([i] if i == len(firsts) - 1 else []):
             done_updates = min(firsts[j] + chunk, config.num_updates)
             returns = runs_to_host(chunks[j]["episode_return"])[..., : done_updates - firsts[j]]
-            seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start  # chunk j has just reached the host: it is done
+            chunk_ends.append(seconds)
             say(f"[{100 * done_updates / config.num_updates:5.1f}%] update {done_updates}/{config.num_updates}"
                 f"  env steps {done_updates * config.batch_steps:,}  return {_nanmean(returns):8.2f}"
                 f"  {done_updates * config.batch_steps * G * S / seconds:,.0f} steps/s")
     metrics = runs_to_host(jax.tree.map(lambda *c: jnp.concatenate(c, axis=-1), *chunks))
     metrics = {k: v[..., : config.num_updates] for k, v in metrics.items()}
     train_seconds = time.perf_counter() - start
+    # Seconds since training began at which each update had finished: measured at chunk ends,
+    # interpolated within a chunk (its updates cost alike), for return-against-wall-clock curves.
+    done_at = [min(first + chunk, config.num_updates) for first in firsts]
+    metrics["wall_seconds"] = np.interp(np.arange(1, config.num_updates + 1), [0, *done_at], [0.0, *chunk_ends])
 
     eval_start = time.perf_counter()
     eval_returns = runs_to_host(evaluate(runner.params, eval_keys))
