@@ -58,6 +58,26 @@ TRUNCATED = np.array([
 ], bool)
 
 
+def check_bootstrap_at_truncation_only(returns_of, next_value, gamma: float, lam: float) -> None:
+    """`returns_of(next_value)` -> [T, N] lambda-returns (or advantages) on the TERMINATED/TRUNCATED
+    patterns, where next_value[t] is the value of step t's true next observation (before auto-reset).
+    Raising next_value where env 2 is truncated (t=1) moves that step by gamma * 10 and the step before
+    by gamma * lam * gamma * 10 (same episode), nothing else; at a termination it changes nothing."""
+    base = returns_of(next_value)
+    bumped = next_value.copy()
+    bumped[1, 2] += 10.0
+    diff = returns_of(bumped) - base
+    np.testing.assert_allclose(diff[1, 2], gamma * 10.0, rtol=1e-5)
+    np.testing.assert_allclose(diff[0, 2], gamma * lam * gamma * 10.0, rtol=1e-5)
+    np.testing.assert_array_equal(diff[2:, 2], 0.0)  # the next episode is untouched
+    others = np.ones_like(diff, bool)
+    others[:, 2] = False
+    np.testing.assert_array_equal(diff[others], 0.0)
+    for t, n in np.argwhere(TERMINATED):
+        bumped = next_value.copy()
+        bumped[t, n] += 10.0
+        np.testing.assert_array_equal(returns_of(bumped), base, err_msg=f"terminated at t={t}, env {n}")
+
 def load_algorithm(name: str):
     """algorithms/<name>.py as a module, loaded once per session (all files set the same XLA_FLAGS)."""
     return _load(name, ROOT / "algorithms" / f"{name}.py")

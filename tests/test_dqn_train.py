@@ -10,10 +10,6 @@ import numpy as np
 import pytest
 from conftest import load_algorithm
 
-METRIC_NAMES = {"env_steps", "episode_return", "episode_length", "episodes_finished", "loss", "q_mean",
-                "grad_norm", "epsilon", "gradient_steps", "target_updates", "finite"}
-
-
 @pytest.fixture(scope="module")
 def name():
     """The algorithm whose small config conftest's config/train/single/batched fixtures build."""
@@ -103,43 +99,15 @@ def test_soft_target_update_lags_the_online_network(wide_run):
     assert any(differ)
 
 
-def test_vmapped_seeds_start_from_different_networks(train, keys, single, batched):
-    init = jax.jit(jax.vmap(train.init))
-    params = jax.device_get(init(keys).params)
-    kernels = [leaf for leaf in jax.tree.leaves(params) if np.abs(leaf).sum() > 0]  # biases start at zero
-    assert kernels
-    for leaf in kernels:
-        for i in range(len(keys)):
-            for j in range(i):
-                assert not np.array_equal(leaf[i], leaf[j])
-    # Each vmapped seed's start is that key's own start.
-    alone = jax.device_get(jax.jit(train.init)(keys[1]).params)
-    jax.tree.map(np.testing.assert_array_equal, row(params, 1), alone)
-    # And the runs go different ways: different losses, different buffers.
-    runner, metrics = batched
-    assert not np.array_equal(metrics["loss"][0], metrics["loss"][1])
+def test_vmapped_seeds_fill_their_own_buffers(batched):
+    runner, _ = batched
     assert not np.array_equal(runner.buffer.data.obs[0], runner.buffer.data.obs[1])
 
 
-def test_metric_shapes_and_bookkeeping(dqn, config, single, batched):
+def test_epsilon_schedule_and_buffer_position(config, single):
     runner, metrics = single[0]
-    assert METRIC_NAMES <= set(metrics)
     U = config.num_updates
-    for name, value in metrics.items():
-        assert np.shape(value) == (U,), name
-    _, all_metrics = batched
-    for name, value in all_metrics.items():
-        assert np.shape(value) == (3, U), name
-    per_update = config.num_envs * config.num_steps
-    np.testing.assert_array_equal(metrics["env_steps"], np.arange(1, U + 1) * per_update)
-
-    finished = all_metrics["episodes_finished"]
-    assert np.issubdtype(finished.dtype, np.integer) and (finished >= 0).all()
-    for name in ("episode_return", "episode_length"):
-        np.testing.assert_array_equal(np.isnan(all_metrics[name]), finished == 0, err_msg=name)
-    assert all_metrics["finite"].all()
-    assert (np.nan_to_num(all_metrics["grad_norm"], nan=1.0) > 0).all()
-
+    assert (np.nan_to_num(metrics["grad_norm"], nan=1.0) > 0).all()
     # Epsilon of the last vectorized step of each update: linear from eps_start to eps_end.
     last_step = (np.arange(U) * config.num_steps + config.num_steps - 1) * config.num_envs
     progress = np.minimum(last_step / (config.eps_fraction * config.total_timesteps), 1.0)
@@ -149,15 +117,6 @@ def test_metric_shapes_and_bookkeeping(dqn, config, single, batched):
 
     # 120 transitions went through a 50-slot buffer: full, next write at slot 120 % 50.
     assert runner.buffer.size == config.buffer_size and runner.buffer.position == 120 % config.buffer_size
-
-
-def test_episode_accounting_adds_up(config, batched):
-    runner, metrics = batched
-    finished = metrics["episodes_finished"]
-    lengths = np.where(finished > 0, metrics["episode_length"], 0.0) * finished
-    total = lengths.sum(-1) + runner.episode_length.sum(-1)
-    np.testing.assert_allclose(total, config.num_updates * config.num_envs * config.num_steps, rtol=1e-6)
-    np.testing.assert_array_equal(metrics["episode_return"], metrics["episode_length"])  # CartPole: 1 per step
 
 
 def test_time_limit_truncation_is_stored_as_not_terminated(dqn, monkeypatch):

@@ -9,55 +9,18 @@ import jax
 import numpy as np
 import pytest
 
-METRIC_NAMES = {"env_steps", "episode_return", "episode_length", "episodes_finished", "loss", "policy_loss",
-                "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "finite"}
-
-
 @pytest.fixture(scope="module")
 def name():
     """The algorithm whose small config conftest's config/train/single/batched fixtures build."""
     return "ppo"
 
 
-def test_different_keys_differ(train, keys, single):
-    init = jax.jit(train.init)
-    params = [jax.device_get(init(key).params) for key in keys[:2]]
-    again = jax.device_get(init(keys[0]).params)
-    jax.tree.map(np.testing.assert_array_equal, params[0], again)
-    for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
-        if np.abs(a).sum() > 0:  # biases start at zero for every key
-            assert not np.array_equal(a, b)
-    (_, metrics_a), (_, metrics_b), _ = single
-    assert not np.array_equal(metrics_a["loss"], metrics_b["loss"])
-    assert not np.array_equal(metrics_a["entropy"], metrics_b["entropy"])
-
-
-def test_metric_shapes_and_bookkeeping(config, single, batched):
-    runner, metrics = single[0]
-    assert METRIC_NAMES <= set(metrics)
-    U = config.num_updates
-    for name, value in metrics.items():
-        assert np.shape(value) == (U,), name
-    _, all_metrics = batched
-    for name, value in all_metrics.items():
-        assert np.shape(value) == (3, U), name
-
-    # env_steps: cumulative over all envs.
-    np.testing.assert_array_equal(metrics["env_steps"], np.arange(1, U + 1) * config.batch_size)
-
-    finished = all_metrics["episodes_finished"]
-    assert np.issubdtype(finished.dtype, np.integer)
-    assert (finished >= 0).all()
-    for name in ("episode_return", "episode_length"):
-        np.testing.assert_array_equal(np.isnan(all_metrics[name]), finished == 0, err_msg=name)
-
-    assert metrics["finite"].dtype == bool and all_metrics["finite"].all()
-    for name in METRIC_NAMES - {"finite"}:
-        assert np.isfinite(np.nan_to_num(all_metrics[name], nan=0.0)).all(), name
-    assert (all_metrics["entropy"] > 0).all() and (all_metrics["entropy"] <= math.log(2) + 1e-6).all()
-    assert ((all_metrics["clip_fraction"] >= 0) & (all_metrics["clip_fraction"] <= 1)).all()
-    assert (all_metrics["approx_kl"] >= -1e-6).all()
-    assert (all_metrics["grad_norm"] > 0).all()
+def test_metric_ranges(batched):
+    _, metrics = batched
+    assert (metrics["entropy"] > 0).all() and (metrics["entropy"] <= math.log(2) + 1e-6).all()  # 2 actions
+    assert ((metrics["clip_fraction"] >= 0) & (metrics["clip_fraction"] <= 1)).all()
+    assert (metrics["approx_kl"] >= -1e-6).all()
+    assert (metrics["grad_norm"] > 0).all()
 
 
 def test_episode_return_is_nan_exactly_when_no_episode_ended(ppo):
@@ -70,21 +33,6 @@ def test_episode_return_is_nan_exactly_when_no_episode_ended(ppo):
     for name in ("episode_return", "episode_length"):
         np.testing.assert_array_equal(np.isnan(metrics[name]), finished == 0, err_msg=name)
         assert np.all(np.asarray(metrics[name])[finished > 0] > 0), name
-
-
-def test_episode_accounting_adds_up(config, single, batched):
-    """Every env step belongs to a finished episode (logged) or to the episode still running
-    (in the runner). CartPole pays 1 per step, so a return equals its length."""
-    runner, metrics = batched
-    finished = metrics["episodes_finished"]
-    lengths = np.where(finished > 0, metrics["episode_length"], 0.0) * finished
-    total = lengths.sum(-1) + runner.episode_length.sum(-1)
-    np.testing.assert_allclose(total, config.num_updates * config.batch_size, rtol=1e-6)
-    np.testing.assert_array_equal(metrics["episode_return"], metrics["episode_length"])
-    np.testing.assert_array_equal(runner.episode_return, runner.episode_length)
-    valid = finished > 0
-    assert (metrics["episode_length"][valid] >= 1).all()
-    assert (metrics["episode_length"][valid] <= 500).all()
 
 
 def test_final_returns_weights_by_episode_count(ppo):

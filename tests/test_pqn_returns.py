@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import load_algorithm
-from conftest import TERMINATED, TRUNCATED
+from conftest import TERMINATED, TRUNCATED, check_bootstrap_at_truncation_only
 
 
 @pytest.fixture(scope="module")
@@ -150,28 +150,12 @@ def test_last_step_bootstraps_from_its_own_final_obs(pqn):
 
 
 def test_final_obs_q_matters_at_truncation_not_at_termination(pqn):
+    """At a truncation Q of the final observation is bootstrapped with full weight (the episode's
+    return cannot continue past it); where the episode terminated it is irrelevant."""
     gamma, lam = 0.9, 0.8
     reward, next_q = trajectory(5)
-    base = call_q_lambda(pqn, reward, next_q, TERMINATED, TRUNCATED, gamma, lam)
-
-    # Env 2 is truncated (not terminated) at t=1: Q of the final observation is bootstrapped,
-    # with full weight there (the episode's return cannot continue past it).
-    bumped = next_q.copy()
-    bumped[1, 2] += 10.0
-    diff = call_q_lambda(pqn, reward, bumped, TERMINATED, TRUNCATED, gamma, lam) - base
-    np.testing.assert_allclose(diff[1, 2], gamma * 10.0, rtol=1e-5)
-    np.testing.assert_allclose(diff[0, 2], gamma * lam * gamma * 10.0, rtol=1e-5)  # same episode
-    np.testing.assert_array_equal(diff[2:, 2], 0.0)  # later episode untouched
-    mask = np.ones_like(diff, bool)
-    mask[:, 2] = False
-    np.testing.assert_array_equal(diff[mask], 0.0)  # other envs untouched
-
-    # Where the episode terminated, Q of the final observation is irrelevant.
-    for t, n in [(2, 1), (5, 1), (3, 3), (5, 3), (3, 4)]:
-        assert TERMINATED[t, n]
-        bumped = next_q.copy()
-        bumped[t, n] += 10.0
-        np.testing.assert_array_equal(call_q_lambda(pqn, reward, bumped, TERMINATED, TRUNCATED, gamma, lam), base)
+    check_bootstrap_at_truncation_only(
+        lambda next_q: call_q_lambda(pqn, reward, next_q, TERMINATED, TRUNCATED, gamma, lam), next_q, gamma, lam)
 
 
 def test_episode_end_stops_the_recursion(pqn):

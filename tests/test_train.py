@@ -87,3 +87,67 @@ def test_chunked_run_matches_train(train, config, keys, single):
     assert_close({k: v[:config.num_updates] for k, v in metrics.items()}, single_metrics)
     assert_close(jax.device_get(runner), single_runner)
     assert not metrics["finite"][config.num_updates:].any()  # skipped updates report nothing
+
+
+# Every metric each algorithm's update reports; each has one value per update.
+COMMON_METRICS = {"env_steps", "episode_return", "episode_length", "episodes_finished", "loss", "grad_norm", "finite"}
+METRICS = {
+    "ppo": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
+    "pqn": COMMON_METRICS | {"q_mean", "epsilon"},
+    "dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
+}
+
+
+def test_metric_shapes_and_bookkeeping(name, config, single, batched):
+    _, metrics = single[0]
+    _, all_metrics = batched
+    U = config.num_updates
+    assert set(metrics) == METRICS[name]
+    for metric in metrics:
+        assert np.shape(metrics[metric]) == (U,), metric
+        assert np.shape(all_metrics[metric]) == (len(all_metrics["loss"]), U), metric
+    # env_steps: cumulative over all envs of a run.
+    np.testing.assert_array_equal(metrics["env_steps"], np.arange(1, U + 1) * config.num_envs * config.num_steps)
+
+    finished = all_metrics["episodes_finished"]
+    assert np.issubdtype(finished.dtype, np.integer) and (finished >= 0).all()
+    assert finished.any(), "no episode ended in the small run: the NaN check below would mean nothing"
+    # NaN exactly where no episode ended: never a stale or zero-filled value.
+    for metric in ("episode_return", "episode_length"):
+        np.testing.assert_array_equal(np.isnan(all_metrics[metric]), finished == 0, err_msg=metric)
+    assert metrics["finite"].dtype == bool and all_metrics["finite"].all()
+    for metric in METRICS[name] - {"finite"}:
+        assert np.isfinite(np.nan_to_num(all_metrics[metric], nan=0.0)).all(), metric
+
+
+def test_episode_accounting_adds_up(config, batched):
+    """Every env step belongs to a finished episode (logged) or to the episode still running (in
+    the runner)."""
+    runner, metrics = batched
+    finished = metrics["episodes_finished"]
+    lengths = np.where(finished > 0, metrics["episode_length"], 0.0) * finished
+    total = lengths.sum(-1) + runner.episode_length.sum(-1)
+    np.testing.assert_allclose(total, config.num_updates * config.num_envs * config.num_steps, rtol=1e-6)
+    valid = finished > 0
+    assert (metrics["episode_length"][valid] >= 1).all()
+    if config.env_name.startswith("CartPole"):  # pays 1 per step: a return is its length
+        np.testing.assert_array_equal(metrics["episode_return"], metrics["episode_length"])
+        np.testing.assert_array_equal(runner.episode_return, runner.episode_length)
+        assert (metrics["episode_length"][valid] <= 500).all()
+
+
+def test_different_keys_start_and_train_differently(train, keys, single):
+    init = jax.jit(train.init)
+    params = [jax.device_get(init(key).params) for key in keys[:2]]
+    jax.tree.map(np.testing.assert_array_equal, params[0], jax.device_get(init(keys[0]).params))
+    # Every leaf drawn at random (not a constant such as a zero bias or a unit LayerNorm scale)
+    # differs between keys; vmapped seeds are not one copy broadcast.
+    drawn = [(a, b) for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])) if np.ptp(a) > 0]
+    assert drawn
+    for a, b in drawn:
+        assert not np.array_equal(a, b)
+    # A vmapped seed starts where that key alone starts.
+    starts = jax.device_get(jax.jit(jax.vmap(train.init))(keys).params)
+    jax.tree.map(np.testing.assert_array_equal, row(starts, 1), params[1])
+    (_, metrics_a), (_, metrics_b), _ = single
+    assert not np.array_equal(metrics_a["loss"], metrics_b["loss"])
