@@ -83,7 +83,7 @@ def load_algorithm(name: str):
     return _load(name, ROOT / "algorithms" / f"{name}.py")
 
 
-# The training tests' small configs (CartPole-v1), each compiled once per session and shared by
+# The training tests' small configs (CartPole-v1 unless they name another env), each compiled once per session and shared by
 # tests/test_train.py and the algorithm's own test file; a module says which algorithm it tests
 # with a `name` fixture. Values: (Config fields, updates they give, a learning rate that is not
 # the config's, for the sweep test).
@@ -111,7 +111,7 @@ def _shared(key, make):
 @pytest.fixture(scope="module")
 def config(name):
     fields, updates, other_lr = SMALL_TRAIN[name]
-    config = load_algorithm(name).Config(env_name="CartPole-v1", **fields)
+    config = load_algorithm(name).Config(**{"env_name": "CartPole-v1", **fields})
     assert config.num_updates == updates and config.lr != other_lr
     return config
 

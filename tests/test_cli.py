@@ -30,6 +30,9 @@ class Algorithm:
     diverge: tuple          # flags that make training produce NaN or inf
     bad_inputs: dict        # algorithm-specific bad inputs: id -> (flags, option named in the error)
     wrong_action_env: str = "Pendulum-v1"  # an environment whose action space the file refuses
+    env: str = "CartPole-v1"               # the env of the small run (its default Config's)
+    obs_dim: int = 4                       # that env's flat observation size
+    return_range: tuple = (0, 500)         # every episode return that env can give
 
     @property
     def small_updates(self) -> int:
@@ -182,10 +185,10 @@ def test_small_run_writes_a_complete_run_directory(name, algo, module, small_run
     assert set(config) >= {f.name for f in dataclasses.fields(module.Config)}
     for flag, value in zip(algo.small[::2], algo.small[1::2]):
         assert str(config[flag[2:].replace("-", "_")]) == value, flag
-    assert config["lr"] == module.Config().lr and config["env_name"] == "CartPole-v1"
+    assert config["lr"] == module.Config().lr and config["env_name"] == algo.env
 
     assert SUMMARY_KEYS <= set(summary), SUMMARY_KEYS - set(summary)
-    assert summary["algorithm"] == name and summary["env_name"] == "CartPole-v1"
+    assert summary["algorithm"] == name and summary["env_name"] == algo.env
     assert summary["num_seeds"] == SMALL_SEEDS and summary["total_timesteps"] == config["total_timesteps"]
     assert summary["backend"] == jax.default_backend()  # the child sees the same devices
     assert {"jax", "flax", "optax", "gymnax", "numpy"} <= set(summary["versions"])
@@ -210,7 +213,7 @@ def test_small_run_writes_a_complete_run_directory(name, algo, module, small_run
         assert summary["final_return_mean"] == pytest.approx(float(np.nanmean(finals)), rel=1e-6)
     assert metrics["eval_return"].size == SMALL_SEEDS
     assert summary["eval_return_mean"] == pytest.approx(float(np.mean(metrics["eval_return"])), rel=1e-6)
-    assert 0 < summary["eval_return_mean"] <= 500
+    assert algo.return_range[0] <= summary["eval_return_mean"] <= algo.return_range[1]
 
     # params.msgpack: every leaf of every seed's networks, finite.
     leaves = dict(_leaves(params))
@@ -220,7 +223,7 @@ def test_small_run_writes_a_complete_run_directory(name, algo, module, small_run
         assert int(np.prod(leaf.shape[:-own_ndim])) == SMALL_SEEDS, (path, leaf.shape)
         assert np.isfinite(leaf).all(), path
     first_kernels = [leaf for path, leaf in leaves.items() if path.endswith("Dense_0/kernel")]
-    assert first_kernels and all(k.shape[-2] == 4 for k in first_kernels)  # CartPole's 4 observations
+    assert first_kernels and all(k.shape[-2] == algo.obs_dim for k in first_kernels)
 
 
 def test_second_run_gets_a_new_directory(algo, cli, small_run):
