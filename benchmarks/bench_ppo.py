@@ -20,15 +20,15 @@ Results: benchmarks/results/ppo_<backend>.md and a .jsonl of every measurement.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PPO = os.path.join(ROOT, "algorithms", "ppo.py")
+from common import ROOT, algorithm_path, describe, machine, run_cli
+
+PPO = algorithm_path("ppo")
 PEERS = os.environ.get("PEERS_DIR", os.path.join(os.path.dirname(ROOT), "shared", "peers"))
 # PureJAXRL's ppo.py CartPole config, in our field names.
 PUREJAXRL_CONFIG = dict(num_envs=4, num_steps=128, update_epochs=4, num_minibatches=4, lr=2.5e-4,
@@ -79,20 +79,12 @@ def run_result(cmd: list, env: dict | None = None, timeout: int = 900) -> dict |
 def cli_defaults(cache_dir: str, runs_dir: str) -> dict:
     """One default command-line run; returns its summary plus time-to-threshold."""
     import numpy as np
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache_dir}
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable, PPO, "--quiet", "--runs-dir", runs_dir], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
-    wall = time.perf_counter() - start
-    if out.returncode != 0:
-        raise RuntimeError(f"ppo.py failed ({out.returncode}):\n{out.stderr[-2000:]}")
-    run_dir = out.stdout.strip().splitlines()[-1].split("results: ", 1)[1]
-    summary = json.load(open(os.path.join(run_dir, "summary.json")))
-    metrics = np.load(os.path.join(run_dir, "metrics.npz"))
-    returns = np.nan_to_num(metrics["episode_return"][0], nan=-np.inf)  # [seeds, updates]
+    result = run_cli("ppo", [], runs_dir, cache_dir, timeout=900)
+    summary = result["summary"]
+    returns = np.nan_to_num(result["metrics"]["episode_return"][0], nan=-np.inf)  # [seeds, updates]
     reached = np.maximum.accumulate(returns >= THRESHOLD, axis=1).all(axis=0)
     fraction = (int(np.argmax(reached)) + 1) / returns.shape[1] if reached.any() else None
-    return {**summary, "process_wall_s": wall, "threshold_fraction_of_training": fraction,
+    return {**summary, "process_wall_s": result["process_wall_s"], "threshold_fraction_of_training": fraction,
             "seconds_to_threshold": None if fraction is None
             else summary["compile_seconds"] + fraction * summary["train_seconds"]}
 
@@ -112,7 +104,6 @@ def main() -> None:
 
     import jax
     backend = jax.default_backend()
-    device = jax.devices()[0].device_kind
     os.makedirs(args.out, exist_ok=True)
     raw_path = os.path.join(args.out, f"ppo_{backend}.jsonl")
     records = []
@@ -163,20 +154,16 @@ def main() -> None:
                     record(f"throughput_{name}", {**result, "round": round_index, "seeds": seeds})
                     print(f"round {round_index + 1} {name:22s} {seeds:3d} seeds: compile {result['compile_s']:.1f} s, "
                           f"{result['steps_per_s']:,.0f} steps/s, final {result['final_return_mean']:.0f}", flush=True)
-    write_table(records, os.path.join(args.out, f"ppo_{backend}.md"), backend, device)
+    write_table(records, os.path.join(args.out, f"ppo_{backend}.md"))
 
 
-def write_table(records: list, path: str, backend: str, device: str) -> None:
-    from importlib import metadata
+def write_table(records: list, path: str) -> None:
     cold = next(r for r in records if r["kind"] == "cli_defaults_cold")
     warm = next(r for r in records if r["kind"] == "cli_defaults_warm")
-    versions = ", ".join(f"{p} {metadata.version(p)}" for p in ("jax", "jaxlib", "flax", "optax", "gymnax"))
     lines = [
         "# ppo.py on CartPole-v1",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} with {os.cpu_count()} CPU cores, "
-        f"backend {backend} ({device}), Python {platform.python_version()}, {versions}. "
-        f"Written by `benchmarks/bench_ppo.py`; each row is a fresh process.",
+        f"{describe(machine())}. Written by `benchmarks/bench_ppo.py`; each row is a fresh process.",
         "",
         "## Defaults (`python algorithms/ppo.py`: 8 seeds, "
         f"{cold['total_timesteps']:,} steps each)",

@@ -1,0 +1,218 @@
+"""Runs every algorithm file on its environments and writes the results table and learning curves.
+
+    python benchmarks/bench_results.py                        # every row of RUNS (tens of minutes on 2 CPU cores)
+    python benchmarks/bench_results.py --only pqn --only dqn:Acrobot-v1
+    python benchmarks/bench_results.py --seeds 2 --scale 0.05 --out /tmp/smoke   # a quick smoke run
+
+Each row is the algorithm's own command line (`python algorithms/<name>.py --env-name ENV ...`)
+in a fresh process with an empty compilation cache, so "compile s" is a cold compile and
+"train s" the jitted training alone (the command line reports progress between chunks of it).
+Final return: per seed, the mean return of the training episodes that ended in the last 5% of
+updates, then mean ± std over seeds; eval: the greedy (deterministic) policy after training.
+
+Writes into --out (benchmarks/results by default), named by backend:
+  results_<backend>.jsonl  every measurement, appended (with per-update mean learning curves)
+  results_<backend>.md     the table, from the newest measurement of each row
+  results_<backend>.png    learning curves against env steps and against wall-clock seconds
+"""
+import argparse
+import json
+import os
+import tempfile
+
+import numpy as np
+from common import ROOT, algorithm_path, describe, machine, run_cli
+
+# (algorithm file, environment, flags beyond the file's defaults). The budget is the file's default
+# unless the flags set one; seeds come from --seeds unless the flags set them.
+RUNS = [
+    ("ppo", "CartPole-v1", []),
+    ("dqn", "CartPole-v1", []),
+    ("pqn", "CartPole-v1", []),
+    ("ppo", "Acrobot-v1", ["--total-timesteps", "300000"]),
+    ("dqn", "Acrobot-v1", ["--total-timesteps", "300000"]),
+    ("pqn", "Acrobot-v1", ["--total-timesteps", "300000"]),
+    ("ppo", "Breakout-MinAtar", ["--total-timesteps", "1000000", "--num-envs", "64", "--num-steps", "64",
+                                 "--num-minibatches", "8", "--lr", "5e-4", "--activation", "relu",
+                                 "--hidden-size", "256", "--num-seeds", "4"]),
+    ("dqn", "Breakout-MinAtar", ["--total-timesteps", "1000000", "--buffer-size", "100000", "--learning-starts",
+                                 "10000", "--lr", "1e-4", "--hidden-size", "256", "--target-update-frequency",
+                                 "1000", "--num-seeds", "4"]),
+    ("pqn", "Breakout-MinAtar", ["--total-timesteps", "1000000", "--num-envs", "64", "--num-steps", "32",
+                                 "--lr", "2.5e-4", "--hidden-size", "256", "--num-seeds", "4"]),
+    ("ppo_continuous", "Pendulum-v1", []),
+    ("ppo_continuous", "MountainCarContinuous-v0", []),
+    ("ppo_rnn", "CartPole-v1-no-velocity", []),
+    ("ppo_rnn", "MemoryChain-bsuite", []),
+]
+
+
+def measure(name: str, env: str, flags: list, seeds: int, scale: float, runs_dir: str) -> dict:
+    flags = ["--env-name", env, *flags]
+    if "--num-seeds" not in flags:
+        flags += ["--num-seeds", str(seeds)]
+    if scale != 1.0:  # a smoke run: the same row at a fraction of its budget
+        module_default = _default(name, "total_timesteps")
+        budget = int(flags[flags.index("--total-timesteps") + 1]) if "--total-timesteps" in flags else module_default
+        flags = _without(flags, "--total-timesteps") + ["--total-timesteps", str(max(1, int(budget * scale)))]
+    with tempfile.TemporaryDirectory() as cache:
+        result = run_cli(name, flags, runs_dir, cache)
+    summary, metrics = result["summary"], result["metrics"]
+    returns = metrics["episode_return"][0]  # [seeds, updates] (no sweep: one point)
+    with np.errstate(all="ignore"):
+        curve = _nanmean_rows(returns)
+    every = max(1, len(curve) // 200)  # at most ~200 points of curve per row in the jsonl
+    return {
+        "algorithm": name, "env_name": env, "flags": flags, "num_seeds": summary["num_seeds"],
+        "total_timesteps": summary["trained_timesteps"],
+        "final_return_mean": summary["final_return_mean"], "final_return_std": summary["final_return_std"],
+        "final_return_per_seed": summary["final_return_per_seed"], "eval_return_mean": summary["eval_return_mean"],
+        "compile_seconds": summary["compile_seconds"], "train_seconds": summary["train_seconds"],
+        "steps_per_second": summary["steps_per_second"], "exit_code": result["exit_code"],
+        "curve": {"env_steps": metrics["env_steps"][0, 0, ::every].tolist(),
+                  "wall_seconds": metrics["wall_seconds"][::every].tolist(),
+                  "return_mean": [None if np.isnan(x) else float(x) for x in curve[::every]]},
+        "machine": machine(),
+    }
+
+
+def _default(name: str, field: str):
+    import ast
+    tree = ast.parse(open(algorithm_path(name)).read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == field:
+            return ast.literal_eval(node.value.args[0])  # field: int = _option(DEFAULT, "doc")
+    raise KeyError(field)
+
+
+def _without(flags: list, flag: str) -> list:
+    if flag not in flags:
+        return flags
+    i = flags.index(flag)
+    return flags[:i] + flags[i + 2:]
+
+
+def _nanmean_rows(x: np.ndarray) -> np.ndarray:
+    counts = (~np.isnan(x)).sum(0)
+    return np.where(counts > 0, np.nansum(x, 0) / np.maximum(counts, 1), np.nan)
+
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
+def _smooth(y: np.ndarray, window: int = 10) -> np.ndarray:
+    """Moving average that skips NaN (updates in which no episode ended)."""
+    valid = ~np.isnan(y)
+    kernel = np.ones(window)
+    total = np.convolve(np.where(valid, y, 0.0), kernel, "same")
+    count = np.convolve(valid.astype(float), kernel, "same")
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def write_table(records: list, path: str) -> None:
+    latest = {}
+    for r in records:  # the newest measurement of each row, in RUNS order
+        latest[(r["algorithm"], r["env_name"])] = r
+    order = {(name, env): i for i, (name, env, _) in enumerate(RUNS)}
+    rows = sorted(latest.values(), key=lambda r: order.get((r["algorithm"], r["env_name"]), len(order)))
+    lines = [
+        "# Results: every algorithm on its environments", "",
+        describe(rows[0]["machine"]) + ". Written by `benchmarks/bench_results.py`; each row is the algorithm's "
+        "command line in a fresh process with an empty compile cache.", "",
+        "Final return: per seed, the mean return of training episodes ending in the last 5% of updates; "
+        "mean ± std over seeds. Eval: greedy policy after training, mean over seeds. Steps/s: env steps of all "
+        "seeds per second of training (compile excluded).", "",
+        "| env | algorithm | seeds | env steps per seed | final return | eval return | compile s | train s | "
+        "env steps/s | non-default flags |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        extra = " ".join(f for f in _without(_without(r["flags"], "--env-name"), "--num-seeds"))
+        lines.append(
+            f"| {r['env_name']} | {r['algorithm']}.py | {r['num_seeds']} | {r['total_timesteps']:,} | "
+            f"{_fmt(r['final_return_mean'])} ± {_fmt(r['final_return_std'])} | {_fmt(r['eval_return_mean'])} | "
+            f"{r['compile_seconds']:.1f} | {r['train_seconds']:.1f} | {r['steps_per_second']:,.0f} | "
+            f"{'`' + extra + '`' if extra else ''} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {path}", flush=True)
+
+
+def plot(records: list, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    latest = {}
+    for r in records:
+        latest[(r["algorithm"], r["env_name"])] = r
+    envs = list(dict.fromkeys(env for _, env, _ in RUNS if any(k[1] == env for k in latest)))
+    fig, axes = plt.subplots(2, len(envs), figsize=(3.6 * len(envs), 6.4), squeeze=False)
+    for column, env in enumerate(envs):
+        for (name, row_env), r in latest.items():
+            if row_env != env:
+                continue
+            curve = r["curve"]
+            y = _smooth(np.array([np.nan if v is None else v for v in curve["return_mean"]]))
+            label = f"{name} ({r['num_seeds']} seeds)"
+            axes[0, column].plot(curve["env_steps"], y, label=label)
+            # Wall-clock from the start of the process's compile: compile, then training.
+            axes[1, column].plot(r["compile_seconds"] + np.array(curve["wall_seconds"]), y, label=label)
+        axes[1, column].set_xlim(left=0)
+        axes[0, column].set_title(env, fontsize="medium")
+        axes[0, column].set_xlabel("env steps per seed")
+        axes[1, column].set_xlabel("seconds (compile + train)")
+        for ax in axes[:, column]:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="x-small", loc="best")
+    axes[0, 0].set_ylabel("mean episode return")
+    axes[1, 0].set_ylabel("mean episode return")
+    where = next(iter(latest.values()))["machine"]
+    fig.suptitle(f"mean over seeds (moving average of 10 points); {where['backend']} ({where['device']}), "
+                 f"{where['cpu_cores']} CPU cores, jax {where['versions'].get('jax')}", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", default=[], metavar="ALGO[:ENV]",
+                        help="run only these rows (repeatable); the table still shows earlier measurements")
+    parser.add_argument("--seeds", type=int, default=8, help="seeds per row unless the row sets --num-seeds")
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of each row's budget (smoke runs)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    parser.add_argument("--report-only", action="store_true", help="rewrite table and figure from the jsonl")
+    args = parser.parse_args()
+
+    import jax
+    backend = jax.default_backend()
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"results_{backend}")
+    selected = [(n, e, f) for n, e, f in RUNS if not args.only
+                or any(s in (n, f"{n}:{e}") for s in args.only)]
+    if not args.report_only:
+        if not selected:
+            parser.error(f"--only matched no row; rows are: {', '.join(f'{n}:{e}' for n, e, _ in RUNS)}")
+        with tempfile.TemporaryDirectory() as runs_dir:
+            for name, env, flags in selected:
+                if not os.path.exists(algorithm_path(name)):
+                    print(f"skip {name}:{env} (no algorithms/{name}.py)", flush=True)
+                    continue
+                record = measure(name, env, flags, args.seeds, args.scale, runs_dir)
+                with open(base + ".jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                print(f"{name:15s} {env:26s} final {_fmt(record['final_return_mean'])} ± "
+                      f"{_fmt(record['final_return_std'])}  eval {_fmt(record['eval_return_mean'])}  "
+                      f"compile {record['compile_seconds']:.1f} s  "
+                      f"train {record['train_seconds']:.1f} s  {record['steps_per_second']:,.0f} steps/s", flush=True)
+    with open(base + ".jsonl") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    write_table(records, base + ".md")
+    plot(records, base + ".png")
+
+
+if __name__ == "__main__":
+    main()
