@@ -93,6 +93,9 @@ SMALL_TRAIN = {
     # 4-step rollouts: no CartPole episode ends within the first update, later ones do.
     "pqn": (dict(num_envs=8, num_steps=4, total_timesteps=8 * 4 * 6, num_minibatches=2, update_epochs=2,
                  num_seeds=1, hidden_size=32, eps_start=0.9, eps_end=0.1, eps_decay=0.5), 6, 3e-3),
+    # 4 envs of CartPole without velocities, 2 minibatches of 2 whole env sequences.
+    "ppo_rnn": (dict(env_name="CartPole-v1-no-velocity", num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6,
+                     num_minibatches=2, update_epochs=2, num_seeds=1, hidden_size=16), 6, 1e-3),
     # num_envs=3 divides neither interval: gradient steps and target updates fall between
     # vectorized steps.
     "dqn": (dict(num_envs=3, num_steps=8, total_timesteps=3 * 8 * 5, buffer_size=50, batch_size=16,

@@ -21,11 +21,27 @@ def _dqn_checks(dqn, config, runner, metrics):
     assert (greedy >= SOLVED).all(), f"greedy evaluation returns per seed: {np.round(greedy, 1)}"
 
 
+def _ppo_rnn_checks(ppo_rnn, config, runner, metrics):
+    """Memory is what works: ppo.py's MLP (its own defaults), fed the same position-only
+    observations with the same seeds for the same number of steps, stays far below."""
+    ppo = load_algorithm("ppo")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ppo, "make_env", ppo_rnn.make_env)  # ppo.py learns the file's own env names
+        mlp_config = ppo.Config(env_name=config.env_name, total_timesteps=config.total_timesteps,
+                                num_seeds=config.num_seeds)
+        keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+        _, mlp_metrics = jax.device_get(jax.jit(jax.vmap(ppo.make_train(mlp_config)))(keys))
+    mlp_finals = ppo.final_returns(mlp_metrics)
+    assert (mlp_finals < 200).all(), f"ppo.py final returns per seed without velocities: {np.round(mlp_finals, 1)}"
+
+
 # name: (the default Config's env, the final return every seed must reach, extra checks)
 TARGETS = {
     "ppo": ("CartPole-v1", SOLVED, None),
     "pqn": ("CartPole-v1", SOLVED, _pqn_checks),
     "dqn": ("CartPole-v1", SOLVED, _dqn_checks),
+    # CartPole-v1 observing only cart position and pole angle: the velocities must be remembered.
+    "ppo_rnn": ("CartPole-v1-no-velocity", 400.0, _ppo_rnn_checks),
 }
 
 

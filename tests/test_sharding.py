@@ -50,11 +50,15 @@ def test_sharded_runs_equal_single_device_runs(runs, devices):
     assert metrics.keys() == single_metrics.keys()
     for name, value in single_metrics.items():
         assert metrics[name].shape == value.shape, name
+        if name == "wall_seconds":  # differs between any two runs
+            continue
         if value.dtype.kind == "f":
-            np.testing.assert_allclose(metrics[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+            # Sharded and single-device programs may associate float sums differently; over 32
+            # updates such 1e-7 differences grow to ~1e-5 (ppo_rnn's lr 8e-3), never further.
+            np.testing.assert_allclose(metrics[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
         else:
             np.testing.assert_array_equal(metrics[name], value, err_msg=name)
     single_leaves = dict(_leaves(single_params))
     for path, leaf in _leaves(params):
         assert leaf.shape[:2] == (2, 3), path  # [sweep point, seed]: the padding is gone
-        np.testing.assert_allclose(leaf, single_leaves[path], rtol=1e-4, atol=1e-6, err_msg=path)
+        np.testing.assert_allclose(leaf, single_leaves[path], rtol=1e-4, atol=1e-5, err_msg=path)

@@ -93,6 +93,7 @@ def test_chunked_run_matches_train(train, config, keys, single):
 COMMON_METRICS = {"env_steps", "episode_return", "episode_length", "episodes_finished", "loss", "grad_norm", "finite"}
 METRICS = {
     "ppo": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
+    "ppo_rnn": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
     "pqn": COMMON_METRICS | {"q_mean", "epsilon"},
     "dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
 }

@@ -1,0 +1,251 @@
+"""ppo_rnn.py: where the GRU state is reset, its hand-written gradient, the rollout against a plain
+Python loop, the update replaying exactly what acted, the velocity-hiding wrapper.
+
+The checks every algorithm shares (vmap, determinism, sweeps, chunking, the command line) live in
+tests/test_train.py and tests/test_cli.py; memory against no memory on CartPole without velocities
+is tests/test_learning.py's check for this file. Each compiled program here is built once per module.
+"""
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TERMINATED, TRUNCATED, load_algorithm
+
+ENV = "CartPole-v1-no-velocity"
+SHORT_LIMIT = 12  # a CartPole time limit that random play reaches often, next to its terminations
+
+
+@pytest.fixture(scope="module")
+def rnn():
+    return load_algorithm("ppo_rnn")
+
+
+def short_episodes(module):
+    """`module.make_env` with CartPole's time limit cut to SHORT_LIMIT steps, so that a short
+    rollout holds truncations as well as terminations."""
+    make_env = module.make_env
+
+    def make(env_name):
+        env, env_params = make_env(env_name)
+        return env, env_params.replace(max_steps_in_episode=SHORT_LIMIT)
+    return make
+
+
+@pytest.fixture(scope="module")
+def short(rnn):
+    """3 updates of 8 envs x 20 steps, one epoch of one minibatch each, time limit SHORT_LIMIT."""
+    config = rnn.Config(num_envs=8, num_steps=20, total_timesteps=8 * 20 * 3, num_minibatches=1, update_epochs=1,
+                        hidden_size=8, num_seeds=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rnn, "make_env", short_episodes(rnn))
+        train = rnn.make_train(config)
+    return config, train
+
+
+def python_loop(network, params, hidden, obs, start, final_obs=None):
+    """The network stepped env by env, step by step, resetting the state where an episode starts:
+    (the state fed to each step, the state after it, logits, values, V(final_obs) from the state
+    after the step), every array [T, N, ...]."""
+    T, N = start.shape
+    step = jax.jit(network.apply)
+    out = {k: [[None] * N for _ in range(T)] for k in ("fed", "after", "logits", "value", "next_value")}
+    for n in range(N):
+        h = np.asarray(hidden[n])
+        for t in range(T):
+            fed = np.zeros_like(h) if start[t, n] else h
+            h, logits, value = (np.asarray(x[0]) for x in step(params, fed[None], obs[t, n][None]))
+            for k, v in (("fed", fed), ("after", h), ("logits", logits), ("value", value)):
+                out[k][t][n] = v
+            if final_obs is not None:
+                out["next_value"][t][n] = np.asarray(step(params, h[None], final_obs[t, n][None])[2][0])
+    return {k: np.array(v) for k, v in out.items() if v[0][0] is not None}
+
+
+# --------------------------------------------------------------------------------------
+# The GRU over a stored sequence
+# --------------------------------------------------------------------------------------
+def hand_made_sequence(rnn, hidden_size=8, seed=0):
+    """conftest's [T=6, N=5] boundary patterns as episode starts (the obs after a done begins a new
+    episode; envs 1 and 3 also begin one at t=0), with random observations and a random state
+    before the first step, so that a reset is visible wherever it happens."""
+    done = TERMINATED | TRUNCATED
+    start = np.concatenate([np.array([[False, True, False, True, False]]), done[:-1]])
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(*start.shape, 2)).astype(np.float32)
+    hidden = rng.normal(size=(start.shape[1], hidden_size)).astype(np.float32)
+    return hidden, obs, start
+
+
+def test_replay_resets_the_state_where_a_python_loop_does(rnn):
+    config = rnn.Config(hidden_size=8, num_envs=5, num_steps=6, num_minibatches=1, total_timesteps=30)
+    train = rnn.make_train(config)
+    network = rnn.make_networks(config, 2)
+    params = jax.jit(train.init)(jax.random.PRNGKey(3)).params
+    hidden, obs, start = hand_made_sequence(rnn)
+
+    logits, value = jax.jit(train.replay)(params, hidden, obs, start)
+    gates = network.apply(params, obs, method=rnn.ActorCritic.inputs)
+    p = params["params"]
+    states = np.asarray(jax.jit(rnn.gru_unroll)(p["hidden_kernel"], p["hidden_bias"], hidden, gates, start))
+    fed = np.where(start[..., None], 0.0, np.concatenate([hidden[None], states[:-1]]))
+
+    want = python_loop(network, params, hidden, obs, start)
+    np.testing.assert_allclose(fed, want["fed"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(states, want["after"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, want["logits"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(value, want["value"], rtol=1e-5, atol=1e-6)
+    # The pattern does reset mid-sequence and does carry the state across steps elsewhere.
+    assert (want["fed"][start] == 0).all() and (np.abs(want["fed"][~start]) > 0).all()
+
+
+def reference_unroll(rnn, kernel, bias, hidden, gates, start):
+    """The GRU as a plain scan of gru_cell, differentiated by JAX itself."""
+    def step(hidden, xs):
+        gates_t, start_t = xs
+        hidden = rnn.gru_cell(kernel, bias, rnn.reset_hidden(hidden, start_t), gates_t)[0]
+        return hidden, hidden
+    return jax.lax.scan(step, hidden, (gates, start))[1]
+
+
+def test_gru_gradient_matches_autodiff(rnn):
+    """gru_unroll's hand-written backward pass == autodiff of the plain recurrence, resets included,
+    alone and vmapped (the command line vmaps runs)."""
+    H = 8
+    hidden, _, start = hand_made_sequence(rnn, H)
+    rng = np.random.default_rng(1)
+    kernel = rng.normal(size=(H, 3 * H)).astype(np.float32) * 0.5
+    bias = rng.normal(size=3 * H).astype(np.float32) * 0.1
+    gates = rng.normal(size=(*start.shape, 3 * H)).astype(np.float32)
+    weights = rng.normal(size=(*start.shape, H)).astype(np.float32)
+
+    def loss(unroll):
+        return lambda k, b, h, g: jnp.sum(weights * jnp.tanh(unroll(k, b, h, g, start)))
+    args = (kernel, bias, hidden, gates)
+    got = jax.jit(jax.grad(loss(rnn.gru_unroll), argnums=(0, 1, 2, 3)))(*args)
+    want = jax.jit(jax.grad(loss(lambda *a: reference_unroll(rnn, *a)), argnums=(0, 1, 2, 3)))(*args)
+    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=name)
+    # Steps that start an episode pass no gradient to the state before them.
+    assert np.abs(np.asarray(got[3])).sum() > 0
+
+    batched = jax.tree.map(lambda x: np.stack([x, 0.5 * x]), args)
+    got = jax.jit(jax.vmap(jax.grad(loss(rnn.gru_unroll), argnums=(0, 1, 2, 3))))(*batched)
+    want = jax.jit(jax.vmap(jax.grad(loss(lambda *a: reference_unroll(rnn, *a)), argnums=(0, 1, 2, 3))))(*batched)
+    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"vmapped {name}")
+
+
+# --------------------------------------------------------------------------------------
+# Rollout and update
+# --------------------------------------------------------------------------------------
+def test_rollout_matches_a_python_loop(rnn, short):
+    """Two rollouts in a row with terminations and truncations: every step's state, log-prob,
+    value and bootstrap value V(final_obs) equal a plain loop that resets the state exactly at
+    episode starts and bootstraps from the state after the step (never the reset one)."""
+    config, train = short
+    network = rnn.make_networks(config, 2)
+    rollout, replay = jax.jit(train.rollout), jax.jit(train.replay)
+    runner = jax.jit(train.init)(jax.random.PRNGKey(0))
+    saw = {"terminated": 0, "truncated": 0}
+    for _ in range(2):
+        hidden, start = np.asarray(runner.hidden), np.asarray(runner.start)
+        new, tr, _ = jax.device_get(rollout(runner))
+        np.testing.assert_array_equal(tr.start[0], start)
+        np.testing.assert_array_equal(tr.start[1:], tr.done[:-1])  # done at t: step t+1 starts an episode
+        np.testing.assert_array_equal(new.start, tr.done[-1])
+
+        want = python_loop(network, runner.params, hidden, tr.obs, tr.start, tr.final_obs)
+        log_prob = np.take_along_axis(jax.nn.log_softmax(want["logits"]), tr.action[..., None], -1)[..., 0]
+        np.testing.assert_allclose(tr.log_prob, log_prob, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tr.value, want["value"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tr.next_value, want["next_value"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(new.hidden, want["after"][-1], rtol=1e-5, atol=1e-6)  # not reset
+
+        # Where no episode ended, V(final_obs) is the next step's value: the same obs and state.
+        going_on = ~tr.done[:-1]
+        np.testing.assert_allclose(tr.next_value[:-1][going_on], tr.value[1:][going_on], rtol=1e-5, atol=1e-5)
+        # At a truncation the state matters: bootstrapping from a reset state would differ.
+        truncated = tr.done & ~tr.terminated
+        reset_value = jax.jit(network.apply)(runner.params, np.zeros_like(want["after"]), tr.final_obs)[2]
+        assert (np.abs(tr.next_value - reset_value)[truncated] > 1e-6).all()
+
+        # The update relearns from the same sequences: replayed from the stored state, they give
+        # back what acted.
+        logits, value = replay(runner.params, hidden, tr.obs, tr.start)
+        replayed = np.take_along_axis(jax.nn.log_softmax(logits), tr.action[..., None], -1)[..., 0]
+        np.testing.assert_allclose(replayed, tr.log_prob, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(value, tr.value, rtol=1e-5, atol=1e-5)
+
+        saw["terminated"] += int(tr.terminated.sum())
+        saw["truncated"] += int(truncated.sum())
+        runner = new
+    assert saw["terminated"] > 0 and saw["truncated"] > 0, saw
+
+
+def test_first_gradient_step_sees_ratio_one(short):
+    """One epoch of one minibatch per update: the only gradient step replays the policy that
+    acted, through the update's own env shuffle, so the ratio is 1 (KL 0, nothing clipped) on
+    every update, with truncations and terminations in the rollouts."""
+    config, train = short
+    _, metrics = jax.device_get(jax.jit(train)(jax.random.PRNGKey(1)))
+    assert metrics["finite"].all() and (metrics["episodes_finished"] > 0).all()
+    np.testing.assert_allclose(metrics["approx_kl"], 0.0, atol=1e-7)
+    np.testing.assert_array_equal(metrics["clip_fraction"], 0.0)
+    assert (metrics["grad_norm"] > 0).all()  # and yet it learns: params move between updates
+
+
+# --------------------------------------------------------------------------------------
+# Environments
+# --------------------------------------------------------------------------------------
+def test_no_velocity_wrapper_is_cartpole_with_positions_only(rnn):
+    env, params = rnn.make_env(ENV)
+    full, full_params = gymnax.make("CartPole-v1")
+    assert params == full_params
+    space, full_space = env.observation_space(params), full.observation_space(full_params)
+    assert space.shape == (2,) and env.action_space(params).n == 2
+    np.testing.assert_array_equal(space.low, np.asarray(full_space.low)[[0, 2]])
+    np.testing.assert_array_equal(space.high, np.asarray(full_space.high)[[0, 2]])
+
+    # Same keys and actions through gymnax's own step (auto-reset included), with a time limit
+    # short enough that random play truncates as well as terminates.
+    params = params.replace(max_steps_in_episode=SHORT_LIMIT)
+
+    def run(env, key):
+        reset_key, key = jax.random.split(key)
+        obs, state = env.reset(reset_key, params)
+
+        def step(carry, key):
+            obs, state = carry
+            action_key, step_key = jax.random.split(key)
+            action = jax.random.randint(action_key, (), 0, 2)
+            next_obs, state, reward, terminated, truncated, info = env.step(step_key, state, action, params)
+            return (next_obs, state), (obs, state, reward, terminated, truncated, info["final_observation"])
+        return jax.lax.scan(step, (obs, state), jax.random.split(key, 200))[1]
+
+    key = jax.random.PRNGKey(7)
+    obs, state, reward, terminated, truncated, final_obs = jax.jit(lambda k: run(env, k))(key)
+    f_obs, f_state, f_reward, f_terminated, f_truncated, f_final_obs = jax.jit(lambda k: run(full, k))(key)
+    np.testing.assert_array_equal(obs, f_obs[:, [0, 2]])
+    np.testing.assert_array_equal(final_obs, f_final_obs[:, [0, 2]])
+    jax.tree.map(np.testing.assert_array_equal, state, f_state)
+    for got, want in ((reward, f_reward), (terminated, f_terminated), (truncated, f_truncated)):
+        np.testing.assert_array_equal(got, want)
+    assert terminated.any() and truncated.any()
+
+
+def test_make_env_names_and_refusals(rnn):
+    with pytest.raises(rnn.ConfigError, match="--env-name") as error:
+        rnn.make_env("Nope-v0")
+    assert ENV in str(error.value) and "MemoryChain-bsuite" in str(error.value)
+    with pytest.raises(rnn.ConfigError, match="continuous"):
+        rnn.make_env("Pendulum-v1")
+    env, params = rnn.make_env("MemoryChain-bsuite")
+    assert env.action_space(params).n == 2
+
+
+def test_memory_chain_trains(rnn):
+    config = rnn.Config(env_name="MemoryChain-bsuite", num_envs=4, num_steps=8, total_timesteps=4 * 8 * 2,
+                        num_minibatches=2, hidden_size=8)
+    _, metrics = jax.jit(rnn.make_train(config))(jax.random.PRNGKey(0))
+    assert np.asarray(metrics["finite"]).all()
