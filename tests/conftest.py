@@ -96,6 +96,11 @@ SMALL_TRAIN = {
     # 4 envs of CartPole without velocities, 2 minibatches of 2 whole env sequences.
     "ppo_rnn": (dict(env_name="CartPole-v1-no-velocity", num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6,
                      num_minibatches=2, update_epochs=2, num_seeds=1, hidden_size=16), 6, 1e-3),
+    # Pendulum episodes last 200 steps: they all end in the last update. Kept that short on purpose:
+    # Pendulum's dynamics amplify batched-vs-single rounding (~1e-7) about 10x per 40 steps, past
+    # test_train's rtol 1e-5 after ~250 steps per env.
+    "ppo_continuous": (dict(env_name="Pendulum-v1", num_envs=4, num_steps=50, total_timesteps=4 * 50 * 4,
+                            num_minibatches=2, update_epochs=2, num_seeds=1), 4, 1e-3),
     # num_envs=3 divides neither interval: gradient steps and target updates fall between
     # vectorized steps.
     "dqn": (dict(num_envs=3, num_steps=8, total_timesteps=3 * 8 * 5, buffer_size=50, batch_size=16,

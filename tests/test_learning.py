@@ -40,6 +40,7 @@ TARGETS = {
     "ppo": ("CartPole-v1", SOLVED, None),
     "pqn": ("CartPole-v1", SOLVED, _pqn_checks),
     "dqn": ("CartPole-v1", SOLVED, _dqn_checks),
+    "ppo_continuous": ("Pendulum-v1", -250.0, None),
     # CartPole-v1 observing only cart position and pole angle: the velocities must be remembered.
     "ppo_rnn": ("CartPole-v1-no-velocity", 400.0, _ppo_rnn_checks),
 }

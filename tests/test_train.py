@@ -94,6 +94,8 @@ COMMON_METRICS = {"env_steps", "episode_return", "episode_length", "episodes_fin
 METRICS = {
     "ppo": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
     "ppo_rnn": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
+    "ppo_continuous": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
+                                        "action_std", "return_std"},
     "pqn": COMMON_METRICS | {"q_mean", "epsilon"},
     "dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
 }
