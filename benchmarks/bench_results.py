@@ -148,6 +148,8 @@ def plot(records: list, path: str) -> None:
     for r in records:
         latest[(r["algorithm"], r["env_name"])] = r
     envs = list(dict.fromkeys(env for _, env, _ in RUNS if any(k[1] == env for k in latest)))
+    names = list(dict.fromkeys(name for name, _, _ in RUNS))
+    colors = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per algorithm in every panel
     fig, axes = plt.subplots(2, len(envs), figsize=(3.6 * len(envs), 6.4), squeeze=False)
     for column, env in enumerate(envs):
         for (name, row_env), r in latest.items():
@@ -155,10 +157,10 @@ def plot(records: list, path: str) -> None:
                 continue
             curve = r["curve"]
             y = _smooth(np.array([np.nan if v is None else v for v in curve["return_mean"]]))
-            label = f"{name} ({r['num_seeds']} seeds)"
-            axes[0, column].plot(curve["env_steps"], y, label=label)
+            style = dict(label=f"{name} ({r['num_seeds']} seeds)", color=colors[name])
+            axes[0, column].plot(curve["env_steps"], y, **style)
             # Wall-clock from the start of the process's compile: compile, then training.
-            axes[1, column].plot(r["compile_seconds"] + np.array(curve["wall_seconds"]), y, label=label)
+            axes[1, column].plot(r["compile_seconds"] + np.array(curve["wall_seconds"]), y, **style)
         axes[1, column].set_xlim(left=0)
         axes[0, column].set_title(env, fontsize="medium")
         axes[0, column].set_xlabel("env steps per seed")
@@ -169,7 +171,7 @@ def plot(records: list, path: str) -> None:
     axes[0, 0].set_ylabel("mean episode return")
     axes[1, 0].set_ylabel("mean episode return")
     where = next(iter(latest.values()))["machine"]
-    fig.suptitle(f"mean over seeds (moving average of 10 points); {where['backend']} ({where['device']}), "
+    fig.suptitle(f"mean return of the episodes that ended, over seeds (moving average of 10 points); {where['backend']} ({where['device']}), "
                  f"{where['cpu_cores']} CPU cores, jax {where['versions'].get('jax')}", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
