@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, algorithm_path, describe, machine, run_cli
+from common import ROOT, algorithm_path, describe, machine, run_cli, write_markdown
 
 PPO = algorithm_path("ppo")
 PEERS = os.environ.get("PEERS_DIR", os.path.join(os.path.dirname(ROOT), "shared", "peers"))
@@ -204,9 +204,7 @@ def write_table(records: list, path: str) -> None:
                      f"{fmt(med(sched, 'steps_per_s'), ',.0f')} | "
                      f"{fmt(med(theirs, 'compile_s'), '.2f')} | {fmt(med(theirs, 'steps_per_s'), ',.0f')} | "
                      f"{fmt(speed, '.2f')} | {fmt(sched_speed, '.2f')} | {fmt(compile_ratio, '.2f')} |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"wrote {path}", flush=True)
+    write_markdown(path, lines)
 
 
 if __name__ == "__main__":

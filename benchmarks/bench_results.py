@@ -21,7 +21,7 @@ import os
 import tempfile
 
 import numpy as np
-from common import ROOT, algorithm_path, describe, machine, run_cli
+from common import ROOT, algorithm_path, describe, machine, run_cli, write_markdown
 
 # (algorithm file, environment, flags beyond the file's defaults). The budget is the file's default
 # unless the flags set one; seeds come from --seeds unless the flags set them.
@@ -134,9 +134,7 @@ def write_table(records: list, path: str) -> None:
             f"{_fmt(r['final_return_mean'])} ± {_fmt(r['final_return_std'])} | {_fmt(r['eval_return_mean'])} | "
             f"{r['compile_seconds']:.1f} | {r['train_seconds']:.1f} | {r['steps_per_second']:,.0f} | "
             f"{'`' + extra + '`' if extra else ''} |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"wrote {path}", flush=True)
+    write_markdown(path, lines)
 
 
 def plot(records: list, path: str) -> None:

@@ -57,3 +57,9 @@ def describe(machine: dict) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
     return (f"Measured {machine['date']} on {machine['platform']} with {machine['cpu_cores']} CPU cores, backend "
             f"{machine['backend']} ({machine['device']}), Python {machine['python']}, {versions}")
+
+
+def write_markdown(path: str, lines: list) -> None:
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {path}", flush=True)
