@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import TERMINATED, TRUNCATED, load_algorithm
 from flax import serialization
+from test_cli import ALGORITHMS
 
 pc = load_algorithm("ppo_continuous")
 
@@ -219,9 +220,12 @@ def test_params_msgpack_holds_the_runners_statistics(cli_run):
     flat_saved = dict(jax.tree_util.tree_flatten_with_path(saved)[0])
     flat_want = dict(jax.tree_util.tree_flatten_with_path(want)[0])
     assert flat_saved.keys() == flat_want.keys()
+    # The command line trains in chunks and, on a CPU-only install, spreads its seeds over one device
+    # per core: it equals one single-device call up to float reassociation, which Pendulum amplifies.
+    rtol, atol = ALGORITHMS["ppo_continuous"].tolerance
     for path, leaf in flat_want.items():
-        # [1 sweep point, seeds, ...] on disk; the chunked CLI run equals one call up to rounding.
-        np.testing.assert_allclose(flat_saved[path][0], leaf, rtol=1e-5, atol=1e-6,
+        # [1 sweep point, seeds, ...] on disk.
+        np.testing.assert_allclose(flat_saved[path][0], leaf, rtol=rtol, atol=atol,
                                    err_msg=jax.tree_util.keystr(path))
 
 
