@@ -7,6 +7,7 @@ start XLA without that flag. The `ppo` fixture hands out this one module object,
 whole session shares one copy (and its jit caches).
 """
 import importlib.util
+import os
 import pathlib
 import sys
 
@@ -31,6 +32,9 @@ def _load(name: str, path: pathlib.Path):
     return module
 
 
+# What the user asked for before ppo.py added its own XLA flags.
+USER_SET_CPU_DEVICES = ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+                        or "JAX_NUM_CPU_DEVICES" in os.environ)
 _PPO = _load("ppo", PPO_PATH)
 import jax  # noqa: E402  (only now: ppo.py had to set XLA_FLAGS before jax started)
 

@@ -19,7 +19,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, load_algorithm
+from conftest import ROOT, USER_SET_CPU_DEVICES, load_algorithm
 from flax import serialization
 
 
@@ -212,6 +212,10 @@ def test_small_run_writes_a_complete_run_directory(name, algo, module, small_run
     assert summary["algorithm"] == name and summary["env_name"] == algo.env
     assert summary["num_seeds"] == SMALL_SEEDS and summary["total_timesteps"] == config["total_timesteps"]
     assert summary["backend"] == jax.default_backend()  # the child sees the same devices
+    # Runs spread over at most one device each; a CPU-only install has one device per core.
+    assert len(summary["devices"]) == min(jax.device_count(), SMALL_SEEDS)
+    if module._CPU_ONLY and not USER_SET_CPU_DEVICES:
+        assert jax.device_count() == module._CORES
     assert {"jax", "flax", "optax", "gymnax", "numpy"} <= set(summary["versions"])
     assert len(summary["final_return_per_seed"]) == SMALL_SEEDS
     for key in ("compile_seconds", "train_seconds", "steps_per_second"):
