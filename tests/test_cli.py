@@ -6,6 +6,7 @@ for it. Every run of one file shares one fresh compile cache (JAX_COMPILATION_CA
 temp dir), so only the first run of each program shape pays for compilation; runs that differ
 only in float hyperparameters (run-time inputs) reuse it.
 """
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -45,6 +46,7 @@ class Algorithm:
 
 
 SMALL_SEEDS = 2
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 ALGORITHMS = {
     "ppo": Algorithm(
         small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
@@ -367,9 +369,13 @@ COMMON_BAD_INPUTS = {
 def test_bad_inputs_exit_2_with_one_line(algo, cli, tmp_path):
     cases = {**COMMON_BAD_INPUTS, **algo.bad_inputs,
              "wrong-action-space": (["--env-name", algo.wrong_action_env], "--env-name")}
+    # Each case is its own process, as a user would start it; most of its time is importing jax,
+    # so the cases run one per core at a time.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=CORES) as pool:
+        procs = dict(zip(cases, pool.map(lambda case: cli(*cases[case][0], "--runs-dir", tmp_path / case, timeout=120),
+                                         cases)))
     for case, (args, option) in cases.items():
-        runs_dir = tmp_path / case
-        proc = cli(*args, "--runs-dir", runs_dir, timeout=120)
+        runs_dir, proc = tmp_path / case, procs[case]
         assert proc.returncode == 2, (case, proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr, (case, proc.stderr)
         lines = proc.stderr.strip().splitlines()
