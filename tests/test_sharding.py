@@ -6,6 +6,7 @@ sweep points = 6 runs: 2 devices hold 3 runs each, 4 devices need padding to 8. 
 timeout: XLA on CPU has deadlocked multi-device programs here (see ppo.py's init), and a hang must
 fail the test rather than stall CI.
 """
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -24,16 +25,24 @@ SHARDED = ("--num-seeds", "3", "--sweep", "lr=1e-3,3e-3", "--quiet")
 def runs(request, tmp_path_factory):
     """metrics.npz and params.msgpack of the same runs on 1, 2 and 4 devices."""
     name = request.param
-    out = {"name": name}
-    for devices in (1, 2, 4):
+
+    def run(devices: int):
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                    JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
         runs_dir = tmp_path_factory.mktemp(f"runs{devices}")
         try:
-            proc = subprocess.run([sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *ALGORITHMS[name].small, *SHARDED,
-                                   "--runs-dir", str(runs_dir)], cwd=ROOT, env=env, capture_output=True,
+            return subprocess.run([sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *ALGORITHMS[name].small,
+                                   *SHARDED, "--runs-dir", str(runs_dir)], cwd=ROOT, env=env, capture_output=True,
                                   text=True, timeout=240)
         except subprocess.TimeoutExpired:
+            return None
+
+    # The three processes run side by side: each spends seconds importing and compiling.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        procs = dict(zip((1, 2, 4), pool.map(run, (1, 2, 4))))
+    out = {"name": name}
+    for devices, proc in procs.items():
+        if proc is None:
             pytest.fail(f"{name}.py on {devices} devices did not finish in 240 s (deadlock?)")
         assert proc.returncode == 0, proc.stderr
         run_dir = results_dir(proc, ROOT)
