@@ -46,7 +46,7 @@ class Algorithm:
 
 
 SMALL_SEEDS = 2
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+CORES = load_algorithm("ppo")._CORES  # the cores this process may use, as every algorithm file counts them
 ALGORITHMS = {
     "ppo": Algorithm(
         small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
