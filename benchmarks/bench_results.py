@@ -169,8 +169,9 @@ def plot(records: list, path: str) -> None:
     axes[0, 0].set_ylabel("mean episode return")
     axes[1, 0].set_ylabel("mean episode return")
     where = next(iter(latest.values()))["machine"]
-    fig.suptitle(f"mean return of the episodes that ended, over seeds (moving average of 10 points); {where['backend']} ({where['device']}), "
-                 f"{where['cpu_cores']} CPU cores, jax {where['versions'].get('jax')}", fontsize="small")
+    fig.suptitle("mean return of the episodes that ended, over seeds (moving average of 10 points); "
+                 f"{where['backend']} ({where['device']}), {where['cpu_cores']} CPU cores, "
+                 f"jax {where['versions'].get('jax')}", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

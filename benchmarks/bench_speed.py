@@ -1,9 +1,9 @@
 """Measures the speed of algorithms/ppo.py or dqn.py on CartPole-v1, side by side with PureJAXRL.
 
     python benchmarks/bench_speed.py ppo                # our figures only
-    PUREJAXRL=/path/to/purejaxrl python benchmarks/bench_speed.py ppo --rounds 3
+    python benchmarks/bench_speed.py ppo --purejaxrl /path/to/purejaxrl --rounds 3
                                                         # side by side with PureJAXRL's ppo.py
-    PUREJAXRL=... PEERS_PYTHON=/venv/with/flashbax/bin/python python benchmarks/bench_speed.py dqn
+    python benchmarks/bench_speed.py dqn --purejaxrl /path/to/purejaxrl --peer-python /venv/bin/python
                                                         # PureJAXRL's dqn.py needs flashbax
 
 What it measures, each in a fresh process (so every compile is cold unless stated):
@@ -12,15 +12,16 @@ What it measures, each in a fresh process (so every compile is cold unless state
      until all seeds have reached return 475 (compile + the share of training it took).
   2. Throughput at PureJAXRL's CartPole hyperparameters for each seed count, three ways:
      - `jit`: one `jax.jit(jax.vmap(train))` call on one device, timed like
-       ../shared/peers/purejaxrl_bench.py times PureJAXRL (compile_s = lower + compile,
+       benchmarks/peers/purejaxrl_driver.py times PureJAXRL (compile_s = lower + compile,
        steps/s = env steps of all seeds / run seconds);
      - `jit, XLA scheduler`: the same under XLA's default CPU scheduler, which the files turn
        off because it has deadlocked vmapped PPO here (what that choice costs);
      - `command line`: `python algorithms/<algo>.py` with those hyperparameters, as a user runs
        it; on a CPU-only install it spreads the seeds over one XLA device per core.
-     With $PUREJAXRL set, PureJAXRL's own file runs in the same round (the order alternates
-     between rounds) and each ratio is taken within its round. Timings on a shared machine
-     vary: compare only inside one run of this script.
+     With --purejaxrl PATH (the root of a PureJAXRL checkout), PureJAXRL's own file runs in the
+     same round through benchmarks/peers/purejaxrl_driver.py (the order alternates between rounds) and
+     each ratio is taken within its round. Timings on a shared machine vary: compare only inside
+     one run of this script.
 Results: benchmarks/results/<algo>_<backend>.md and a .jsonl of every measurement.
 """
 import argparse
@@ -34,7 +35,7 @@ import time
 
 from common import ROOT, algorithm_path, describe, machine, run_cli, write_markdown
 
-PEERS = os.environ.get("PEERS_DIR", os.path.join(os.path.dirname(ROOT), "shared", "peers"))
+PEER_DRIVER = os.path.join(ROOT, "benchmarks", "peers", "purejaxrl_driver.py")
 # PureJAXRL's CartPole configs (the dicts at the bottom of its ppo.py and dqn.py), in our field names.
 PUREJAXRL_CONFIG = {
     "ppo": dict(num_envs=4, num_steps=128, update_epochs=4, num_minibatches=4, lr=2.5e-4, anneal_lr=True,
@@ -65,6 +66,7 @@ def load(algorithm: str):
 def worker(algorithm: str, seeds: int, preset: str) -> None:
     """Times our train as one jitted call on one device, as the peer driver times PureJAXRL's."""
     module = load(algorithm)
+    module.configure_xla()  # the XLA flags the command line sets, before any JAX computation
     import jax
     import numpy as np
 
@@ -80,7 +82,8 @@ def worker(algorithm: str, seeds: int, preset: str) -> None:
     steps = int(metrics["env_steps"][0, -1])
     print("RESULT " + json.dumps({"bench": f"ours_{algorithm}", "num_seeds": seeds, "compile_s": compiled_at - start,
                                   "run_s": run_s, "steps_per_s": steps * seeds / run_s,
-                                  "final_return_mean": float(np.mean(module.final_returns(metrics)))}), flush=True)
+                                  "final_return_mean": float(np.mean(module.final_returns(metrics))),
+                                  "xla_flags": os.environ.get("XLA_FLAGS", "")}), flush=True)
 
 
 def run_result(cmd: list, env: dict | None = None, timeout: int = 900) -> dict | None:
@@ -128,10 +131,22 @@ def main() -> None:
     parser.add_argument("--seed-counts", default="1,8", help="throughput at these seed counts")
     parser.add_argument("--rounds", type=int, default=2, help="repetitions of the throughput comparison")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    parser.add_argument("--purejaxrl", metavar="PATH",
+                        help="root of a PureJAXRL checkout: time its own file in every round as well")
+    parser.add_argument("--peer-python", default=sys.executable,
+                        help="interpreter for benchmarks/peers/purejaxrl_driver.py (dqn needs one with flashbax)")
     args = parser.parse_args()
     algorithm = args.algorithm
     if args.worker:
         return worker(algorithm, args.seeds, args.preset)
+    purejaxrl = args.purejaxrl and os.path.abspath(args.purejaxrl)
+    if purejaxrl and not os.path.isfile(os.path.join(purejaxrl, "purejaxrl", f"{algorithm}.py")):
+        parser.error(f"--purejaxrl: no purejaxrl/{algorithm}.py under {purejaxrl}")
+    if purejaxrl and algorithm == "dqn":
+        check = subprocess.run([args.peer_python, "-c", "import flashbax"], capture_output=True, timeout=120)
+        if check.returncode:
+            parser.error(f"PureJAXRL's dqn.py needs flashbax, which {args.peer_python} cannot import "
+                         "(pip install flashbax, or pass --peer-python)")
 
     import jax
     backend = jax.default_backend()
@@ -151,9 +166,9 @@ def main() -> None:
         for attempt in ("cold", "warm"):
             result = cli_result(algorithm, [], cache, runs)
             record(f"cli_defaults_{attempt}", result)
+            finals = [round(x) for x in result["final_return_per_seed"]]
             print(f"defaults ({attempt} cache): compile {result['compile_seconds']:.1f} s, train "
-                  f"{result['train_seconds']:.1f} s, final returns {[round(x) for x in result['final_return_per_seed']]}",
-                  flush=True)
+                  f"{result['train_seconds']:.1f} s, final returns {finals}", flush=True)
 
         # The command line runs the updates in ~10 chunks to report progress, over one device per
         # core; one jitted call of the whole run on one device shows what both together change.
@@ -162,11 +177,6 @@ def main() -> None:
             record("monolithic_defaults", result)
             print(f"defaults as one jitted call on one device: {result['steps_per_s']:,.0f} steps/s", flush=True)
 
-        purejaxrl = os.environ.get("PUREJAXRL")
-        peer_driver = os.path.join(PEERS, "purejaxrl_bench.py")
-        if purejaxrl and not os.path.exists(peer_driver):
-            print(f"PUREJAXRL is set but {peer_driver} is missing (set PEERS_DIR); running ours alone", flush=True)
-            purejaxrl = None
         for round_index in range(args.rounds):
             for seeds in map(int, args.seed_counts.split(",")):
                 jit = [*me, "--seeds", str(seeds)]
@@ -175,18 +185,17 @@ def main() -> None:
                         ("cli", lambda: cli_run(algorithm, seeds, os.path.join(tmp, f"cache{round_index}-{seeds}"),
                                                 runs))]
                 if purejaxrl:
-                    peer = [os.environ.get("PEERS_PYTHON", sys.executable), peer_driver, algorithm, "--seeds",
-                            str(seeds)]
-                    jobs.append(("purejaxrl", lambda: run_result(peer, {**os.environ, "PUREJAXRL": purejaxrl})))
+                    peer = [args.peer_python, PEER_DRIVER, algorithm, "--purejaxrl", purejaxrl, "--seeds", str(seeds)]
+                    jobs.append(("purejaxrl", lambda: run_result(peer)))
                 if round_index % 2:
                     jobs.reverse()
                 for name, job in jobs:
                     result = job()
                     if result:
                         record(f"throughput_{name}", {**result, "round": round_index, "seeds": seeds})
-                        print(f"round {round_index + 1} {name:18s} {seeds:3d} seeds: compile {result['compile_s']:.1f} s, "
-                              f"{result['steps_per_s']:,.0f} steps/s, final {result['final_return_mean']:.0f}",
-                              flush=True)
+                        print(f"round {round_index + 1} {name:18s} {seeds:3d} seeds: compile "
+                              f"{result['compile_s']:.1f} s, {result['steps_per_s']:,.0f} steps/s, "
+                              f"final {result['final_return_mean']:.0f}", flush=True)
     write_table(algorithm, records, os.path.join(args.out, f"{algorithm}_{backend}.md"))
 
 
@@ -209,13 +218,15 @@ def write_table(algorithm: str, records: list, path: str) -> None:
         f"## Defaults (`python algorithms/{algorithm}.py`: {cold['num_seeds']} seeds, "
         f"{cold['total_timesteps']:,} steps each, on {len(cold['devices'])} device(s))",
         "",
-        "| cache | compile s | train s | env steps/s | final return per seed | all seeds >= 475 after (s, incl. compile) |",
+        "| cache | compile s | train s | env steps/s | final return per seed "
+        "| all seeds >= 475 after (s, incl. compile) |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in (("cold", cold), ("warm", warm)):
         to_threshold = "never" if r["seconds_to_threshold"] is None else f"{r['seconds_to_threshold']:.1f}"
-        lines.append(f"| {name} | {r['compile_seconds']:.2f} | {r['train_seconds']:.1f} | {r['steps_per_second']:,.0f} | "
-                     f"{', '.join(str(round(x)) for x in r['final_return_per_seed'])} | {to_threshold} |")
+        lines.append(f"| {name} | {r['compile_seconds']:.2f} | {r['train_seconds']:.1f} | "
+                     f"{r['steps_per_second']:,.0f} | {', '.join(str(round(x)) for x in r['final_return_per_seed'])} | "
+                     f"{to_threshold} |")
     mono = next((r for r in records if r["kind"] == "monolithic_defaults"), None)
     if mono:
         lines += ["", f"The command line (progress in ~10 chunks, runs spread over {len(cold['devices'])} device(s)): "
@@ -227,7 +238,8 @@ def write_table(algorithm: str, records: list, path: str) -> None:
               "Medians over rounds; each ratio is taken within a round. `one jit call`: `jax.jit(jax.vmap(train))` "
               "on one device, timed as PureJAXRL is timed. `XLA scheduler`: the same under XLA's default CPU "
               "scheduler, which the files turn off because it has deadlocked vmapped PPO here. `command line`: "
-              f"`python algorithms/{algorithm}.py` with these hyperparameters (train seconds, one device per core).", "",
+              f"`python algorithms/{algorithm}.py` with these hyperparameters (train seconds, one device per core).",
+              "",
               "| seeds | " + " | ".join(f"{label} compile s | {label} steps/s" for _, label in jobs)
               + " | PureJAXRL compile s | PureJAXRL steps/s | "
               + " | ".join(f"{label} / PureJAXRL" for _, label in jobs) + " |",
@@ -237,7 +249,8 @@ def write_table(algorithm: str, records: list, path: str) -> None:
     for seeds in sorted({r["seeds"] for r in records if r["kind"].startswith("throughput")}):
         runs = {name: [r for r in records if r["kind"] == f"throughput_{name}" and r["seeds"] == seeds]
                 for name in [j for j, _ in jobs] + ["purejaxrl"]}
-        cells = [f"{fmt(med(runs[j], 'compile_s'), '.2f')} | {fmt(med(runs[j], 'steps_per_s'), ',.0f')}" for j, _ in jobs]
+        cells = [f"{fmt(med(runs[j], 'compile_s'), '.2f')} | {fmt(med(runs[j], 'steps_per_s'), ',.0f')}"
+                 for j, _ in jobs]
         ratios = []
         for j, _ in jobs:
             pairs = [(o, t) for o in runs[j] for t in runs["purejaxrl"] if o["round"] == t["round"]]

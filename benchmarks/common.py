@@ -40,8 +40,9 @@ def run_cli(name: str, flags: list, runs_dir: str, cache_dir: str, timeout: int 
 
 def machine() -> dict:
     """Where a measurement was taken: enough to know which figures may be compared."""
-    import jax
     from importlib import metadata
+
+    import jax
     versions = {}
     for package in ("jax", "jaxlib", "flax", "optax", "gymnax", "distrax"):
         try:
