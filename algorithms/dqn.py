@@ -9,52 +9,40 @@ The whole run (epsilon-greedy acting, replay-buffer writes, gradient steps and t
 updates at their env-step intervals) is one jitted function; seeds and sweep points are
 vmapped into the same compiled program, each run with its own replay buffer:
 
+    configure_xla()  # optional: the command line's XLA set-up, before JAX's first computation
     train = make_train(Config(env_name="CartPole-v1"))
     runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
 
 Each run writes config.json, summary.json, metrics.npz, params.msgpack and
 learning_curve.png into a new directory under --runs-dir. Depends only on jax, flax,
-optax, gymnax, chex, numpy and matplotlib; copy this file anywhere and it runs.
+optax, gymnax, chex, numpy and matplotlib; copy this file anywhere and it runs. Importing
+it defines things and does nothing else.
 """
-import os
-
-import pkgutil
-
-# XLA flags, set before jax is imported; any flag already in XLA_FLAGS is left as it is.
-# - XLA's CPU backend (jaxlib 0.10) can deadlock on these programs when several seeds are
-#   vmapped; its older thread scheduler never did (it costs ~10-15% CPU throughput).
-# - On CPU-only installs, backend optimisation level 1 compiles ~1 s faster at the same speed.
-# - On CPU-only installs, one XLA device per core: the command line spreads its runs over the
-#   devices and each trains its share on its own core (2.3-2.5x the env steps/s of a single
-#   device for 8 seeds on 2 cores). One unsharded jitted call runs on one device, as fast as before.
-_CPU_ONLY = not any(m.name.startswith(("jax_cuda", "jax_rocm", "libtpu")) for m in pkgutil.iter_modules())
-_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-_ONE_DEVICE_PER_CORE = _CPU_ONLY and _CORES > 1 and "JAX_NUM_CPU_DEVICES" not in os.environ
-for _flag_name, _value in (("xla_cpu_enable_concurrency_optimized_scheduler", "false"),
-                           ("xla_backend_optimization_level", "1" if _CPU_ONLY else None),
-                           ("xla_force_host_platform_device_count", str(_CORES) if _ONE_DEVICE_PER_CORE else None)):
-    if _value and _flag_name not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_flag_name}={_value}".strip()
-
 import argparse
 import dataclasses
+import io
 import itertools
 import json
 import math
+import os
+import pkgutil
 import sys
 import time
 import warnings
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import chex
 import flax.linen as nn
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import serialization
 from jax.flatten_util import ravel_pytree
+
+# gymnax is imported where an environment is made, not here: it computes with JAX when
+# imported, which would start JAX's backend before the command line sets XLA's flags.
 
 ALGORITHM = "dqn"
 
@@ -94,21 +82,21 @@ class Config:
     num_seeds: int = _option(8, "independent runs trained side by side (vmapped)")
 
     @property
-    def batch_steps(self) -> int:
-        """Env steps per update (all envs together)."""
+    def steps_per_update(self) -> int:
+        """Env steps of one update, all envs together (one progress and metrics row)."""
         return self.num_envs * self.num_steps
 
     @property
     def num_updates(self) -> int:
-        return self.total_timesteps // self.batch_steps
+        return self.total_timesteps // self.steps_per_update
 
     @property
     def layers(self) -> tuple[int, ...]:
         return tuple(int(size) for size in self.hidden_sizes.split(","))
 
 
-# Float hyperparameters that may differ between runs of one compiled program (--sweep).
 class HParams(NamedTuple):
+    """Float hyperparameters that may differ between the runs of one compiled program (--sweep)."""
     lr: jax.Array
     gamma: jax.Array
     tau: jax.Array
@@ -128,7 +116,7 @@ class ConfigError(ValueError):
 
 
 def hparams_from(config: Config) -> HParams:
-    return HParams(*(jnp.float32(getattr(config, name)) for name in SWEEPABLE))
+    return HParams(**{name: jnp.float32(getattr(config, name)) for name in SWEEPABLE})
 
 
 def validate(config: Config) -> None:
@@ -139,7 +127,7 @@ def validate(config: Config) -> None:
             raise ConfigError(f"--{_flag(name)} must be a positive integer, got {getattr(config, name)}")
     if config.learning_starts < 0:
         raise ConfigError(f"--learning-starts must be >= 0, got {config.learning_starts}")
-    _validate_hparams({name: getattr(config, name) for name in SWEEPABLE})
+    validate_hparams({name: getattr(config, name) for name in SWEEPABLE})
     if config.activation not in ACTIVATIONS:
         raise ConfigError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {config.activation!r}")
     if config.loss not in LOSSES:
@@ -153,18 +141,19 @@ def validate(config: Config) -> None:
     if config.buffer_size < config.num_envs:
         raise ConfigError(f"--buffer-size {config.buffer_size} must be at least num_envs = {config.num_envs} "
                           "(every env step writes num_envs transitions at once)")
-    if config.total_timesteps < config.batch_steps:
+    if config.total_timesteps < config.steps_per_update:
         raise ConfigError(
             f"--total-timesteps {config.total_timesteps} is less than one update "
-            f"(num_envs * num_steps = {config.batch_steps})")
+            f"(num_envs * num_steps = {config.steps_per_update})")
     make_env(config.env_name)  # unknown or continuous-action environments
-    check_buffer_memory(config, config.num_seeds)
+    check_resources(config, config.num_seeds)
     for name in ("total_timesteps", "buffer_size", "learning_starts", "train_frequency", "target_update_frequency"):
         if getattr(config, name) >= 2**31:  # step counts and buffer slots are int32 inside the compiled program
             raise ConfigError(f"--{_flag(name)} must be below 2**31, got {getattr(config, name)}")
 
 
-def _validate_hparams(values: dict) -> None:
+def validate_hparams(values: dict) -> None:
+    """The checks of the sweepable fields, for the Config and for every sweep point."""
     for name, value in values.items():
         if not math.isfinite(value):
             raise ConfigError(f"--{_flag(name)} must be finite, got {value}")
@@ -212,7 +201,7 @@ def _bytes(n: float) -> str:
         n /= 1000
 
 
-def check_buffer_memory(config: Config, num_runs: int) -> None:
+def check_resources(config: Config, num_runs: int) -> None:
     """Refuse replay buffers that cannot fit, before anything is allocated or compiled."""
     env, env_params = make_env(config.env_name)
     per_transition = transition_bytes(int(np.prod(env.observation_space(env_params).shape)))
@@ -226,10 +215,11 @@ def check_buffer_memory(config: Config, num_runs: int) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Environment wrapper
+# Environment
 # --------------------------------------------------------------------------------------
 def make_env(env_name: str):
     """gymnax.make with errors a user can act on; only discrete action spaces."""
+    import gymnax
     if env_name not in gymnax.registered_envs:
         raise ConfigError(f"--env-name {env_name!r} is not a gymnax environment; choose one of: "
                           + ", ".join(gymnax.registered_envs))
@@ -238,7 +228,7 @@ def make_env(env_name: str):
     except Exception as error:  # e.g. MNISTBandit downloads its data set
         raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
     if not isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete):
-        raise ConfigError(f"--env-name {env_name} has a continuous (Box) action space; dqn.py "
+        raise ConfigError(f"--env-name {env_name} has a continuous (Box) action space; {ALGORITHM}.py "
                           "needs a discrete one")
     return env, env_params
 
@@ -270,13 +260,14 @@ class VecEnv:
     """
 
     def __init__(self, env_name: str, num_envs: int):
+        from gymnax.environments.environment import Environment
         self.env, self.params = make_env(env_name)
         self.num_envs = num_envs
         self.obs_shape = tuple(self.env.observation_space(self.params).shape)
         self.obs_dim = int(np.prod(self.obs_shape))
         self.num_actions = int(self.env.action_space(self.params).n)
         self.max_episode_steps = int(self.params.max_steps_in_episode)
-        self.stock_step = type(self.env).step is gymnax.environments.environment.Environment.step
+        self.stock_step = type(self.env).step is Environment.step
 
     def _flat(self, obs: jax.Array) -> jax.Array:
         batch_shape = obs.shape[:obs.ndim - len(self.obs_shape)]
@@ -290,25 +281,51 @@ class VecEnv:
     def presample(self, key: jax.Array, num_steps: int) -> StepNoise:
         step_keys, reset_keys = jax.random.split(key, (2, num_steps, self.num_envs))
         if not self.stock_step:
-            return StepNoise(step_keys, None, None)
+            return StepNoise(key=step_keys, reset_obs=None, reset_state=None)
         reset_env = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
         reset_obs, reset_state = reset_env(reset_keys, self.params)
-        return StepNoise(step_keys, self._flat(reset_obs), reset_state)
+        return StepNoise(key=step_keys, reset_obs=self._flat(reset_obs), reset_state=reset_state)
 
     def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
         if not self.stock_step:
             obs, state, reward, terminated, truncated, info = jax.vmap(
                 self.env.step, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
-            return EnvStep(self._flat(obs), state, reward.astype(jnp.float32), terminated, truncated,
-                           self._flat(info["final_observation"]))
+            return EnvStep(obs=self._flat(obs), state=state, reward=reward.astype(jnp.float32),
+                           terminated=terminated, truncated=truncated,
+                           final_obs=self._flat(info["final_observation"]))
         obs, state, reward, terminated, _ = jax.vmap(
             self.env.step_env, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
         truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(state, self.params)
         done = terminated | truncated
         final_obs = self._flat(obs)
         select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
-        return EnvStep(select(done, noise.reset_obs, final_obs), select(done, noise.reset_state, state),
-                       reward.astype(jnp.float32), terminated, truncated, final_obs)
+        return EnvStep(obs=select(done, noise.reset_obs, final_obs), state=select(done, noise.reset_state, state),
+                       reward=reward.astype(jnp.float32), terminated=terminated, truncated=truncated,
+                       final_obs=final_obs)
+
+
+class EpisodeStats(NamedTuple):
+    """Totals over the episodes that ended during one update; their means are the logged metrics."""
+    finished: jax.Array     # int32: episodes that ended
+    return_sum: jax.Array   # float32: their returns, summed
+    length_sum: jax.Array   # int32: their lengths, summed
+
+    @classmethod
+    def zero(cls) -> "EpisodeStats":
+        return cls(finished=jnp.int32(0), return_sum=jnp.float32(0), length_sum=jnp.int32(0))
+
+    def add(self, done: jax.Array, episode_return: jax.Array, episode_length: jax.Array) -> "EpisodeStats":
+        """Counts the episodes that end where `done`, with their returns and lengths so far."""
+        return EpisodeStats(finished=self.finished + done.sum(),
+                            return_sum=self.return_sum + jnp.where(done, episode_return, 0.0).sum(),
+                            length_sum=self.length_sum + jnp.where(done, episode_length, 0).sum())
+
+    def metrics(self) -> dict:
+        """Mean return and length of the episodes that ended: NaN when none did, never a stale or
+        zero-filled value."""
+        mean = lambda total: jnp.where(self.finished > 0, total / jnp.maximum(self.finished, 1), jnp.nan)  # noqa: E731
+        return {"episode_return": mean(self.return_sum), "episode_length": mean(self.length_sum),
+                "episodes_finished": self.finished}
 
 
 # --------------------------------------------------------------------------------------
@@ -328,8 +345,12 @@ class QNetwork(nn.Module):
         return nn.Dense(self.num_actions)(x)
 
 
-def make_network(config: Config, num_actions: int) -> QNetwork:
-    return QNetwork(num_actions, config.layers, config.activation)
+class Networks(NamedTuple):
+    q: nn.Module            # obs -> [num_actions] Q-values; its parameters are params["q"] (and the target's)
+
+
+def make_networks(config: Config, num_actions: int) -> Networks:
+    return Networks(q=QNetwork(num_actions, config.layers, config.activation))
 
 
 # --------------------------------------------------------------------------------------
@@ -352,10 +373,10 @@ class ReplayBuffer(NamedTuple):
 
 
 def buffer_init(capacity: int, obs_dim: int) -> ReplayBuffer:
-    data = Transition(jnp.zeros((capacity, obs_dim), jnp.float32), jnp.zeros(capacity, jnp.int32),
-                      jnp.zeros(capacity, jnp.float32), jnp.zeros(capacity, bool),
-                      jnp.zeros((capacity, obs_dim), jnp.float32))
-    return ReplayBuffer(data, jnp.int32(0), jnp.int32(0))
+    data = Transition(obs=jnp.zeros((capacity, obs_dim), jnp.float32), action=jnp.zeros(capacity, jnp.int32),
+                      reward=jnp.zeros(capacity, jnp.float32), terminated=jnp.zeros(capacity, bool),
+                      final_obs=jnp.zeros((capacity, obs_dim), jnp.float32))
+    return ReplayBuffer(data=data, position=jnp.int32(0), size=jnp.int32(0))
 
 
 def buffer_add(buffer: ReplayBuffer, batch: Transition) -> ReplayBuffer:
@@ -364,7 +385,8 @@ def buffer_add(buffer: ReplayBuffer, batch: Transition) -> ReplayBuffer:
     slots = (buffer.position + jnp.arange(n, dtype=jnp.int32)) % capacity
     data = jax.tree.map(lambda store, x: store.at[slots].set(x.astype(store.dtype), unique_indices=True,
                                                              mode="promise_in_bounds"), buffer.data, batch)
-    return ReplayBuffer(data, (buffer.position + n) % capacity, jnp.minimum(buffer.size + n, capacity))
+    return ReplayBuffer(data=data, position=(buffer.position + n) % capacity,
+                        size=jnp.minimum(buffer.size + n, capacity))
 
 
 def buffer_sample(buffer: ReplayBuffer, bits: jax.Array) -> Transition:
@@ -404,6 +426,32 @@ class Runner(NamedTuple):
     hparams: HParams
 
 
+class LossSums(NamedTuple):
+    """Sums over the gradient steps of one update; divided by their count, the logged metrics."""
+    loss: jax.Array
+    q_mean: jax.Array
+    grad_norm: jax.Array
+
+
+class Learner(NamedTuple):
+    """What gradient steps change, as flat parameter vectors (see make_train)."""
+    params: jax.Array          # online Q-network
+    target: jax.Array          # target network
+    opt_state: Any
+    sums: LossSums
+
+
+class Acting(NamedTuple):
+    """What an update carries from one vectorized env step to the next."""
+    learner: Learner
+    buffer: ReplayBuffer
+    env_state: Any
+    obs: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+    stats: EpisodeStats
+
+
 def interval_crossings(before, steps: int, interval: int, learning_starts: int):
     """How many multiples of `interval` lie in (max(before, learning_starts), before + steps]:
     the gradient steps (or target updates) that a vectorized step from `before` to
@@ -413,14 +461,8 @@ def interval_crossings(before, steps: int, interval: int, learning_starts: int):
 
 
 def total_gradient_steps(config: Config) -> int:
-    trained = config.num_updates * config.batch_steps
+    trained = config.num_updates * config.steps_per_update
     return max(0, trained // config.train_frequency - config.learning_starts // config.train_frequency)
-
-
-def total_target_updates(config: Config) -> int:
-    trained = config.num_updates * config.batch_steps
-    return max(0, trained // config.target_update_frequency
-               - config.learning_starts // config.target_update_frequency)
 
 
 def epsilon(config: Config, hparams: HParams, env_steps: jax.Array) -> jax.Array:
@@ -430,7 +472,7 @@ def epsilon(config: Config, hparams: HParams, env_steps: jax.Array) -> jax.Array
     return hparams.eps_start + (hparams.eps_end - hparams.eps_start) * progress
 
 
-def make_td_loss(config: Config, network: QNetwork) -> Callable:
+def make_td_loss(config: Config, network: nn.Module) -> Callable:
     """Returns `td_loss(params, target_params, batch, gamma) -> (loss, aux)` for Q-network params.
 
     target = reward + gamma * (1 - terminated) * Q_target(final_obs, a'), where a' is the
@@ -475,7 +517,7 @@ def make_train(config: Config) -> Callable:
     """
     validate(config)
     env = VecEnv(config.env_name, config.num_envs)
-    network = make_network(config, env.num_actions)
+    network = make_networks(config, env.num_actions).q
     td_loss = make_td_loss(config, network)
     T, N, B = config.num_steps, config.num_envs, config.batch_size
     # The most gradient steps one vectorized step can owe (usually 0 or 1 are due).
@@ -498,57 +540,57 @@ def make_train(config: Config) -> Callable:
         params = init_params(params_key)
         obs, env_state = env.reset(env_key)
         opt_state = make_optimizer(config, hparams).init(ravel_pytree(params)[0])
-        return Runner(params, params, opt_state, buffer_init(config.buffer_size, env.obs_dim), env_state, obs,
-                      jnp.zeros(N), jnp.zeros(N, jnp.int32), rng, hparams)
+        return Runner(params=params, target_params=params, opt_state=opt_state,
+                      buffer=buffer_init(config.buffer_size, env.obs_dim), env_state=env_state, obs=obs,
+                      episode_return=jnp.zeros(N), episode_length=jnp.zeros(N, jnp.int32), rng=rng, hparams=hparams)
+
+    def gradient_step(learner: Learner, buffer: ReplayBuffer, bits: jax.Array, hp: HParams) -> Learner:
+        """One Adam step on a batch drawn from the buffer with the random `bits`."""
+        batch = buffer_sample(buffer, bits)
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(learner.params, learner.target, batch, hp.gamma)
+        updates, opt_state = make_optimizer(config, hp).update(grads, learner.opt_state)
+        sums = LossSums(loss=learner.sums.loss + loss, q_mean=learner.sums.q_mean + aux["q"].mean(),
+                        grad_norm=learner.sums.grad_norm + jnp.linalg.norm(grads))
+        return Learner(params=learner.params + updates, target=learner.target, opt_state=opt_state, sums=sums)
+
+    def learn(learner: Learner, buffer: ReplayBuffer, before: jax.Array, sample_bits: jax.Array, hp: HParams):
+        """The gradient steps and target updates due in a vectorized step from `before` env steps:
+        one per multiple of its interval that the env-step count crossed, so any num_envs keeps
+        the schedule. Returns (learner, gradient steps taken, target updates made)."""
+        num_grad = interval_crossings(before, N, config.train_frequency, config.learning_starts)
+        if max_grad_steps == 1:
+            learner = jax.lax.cond(num_grad > 0, lambda c: gradient_step(c, buffer, sample_bits[0], hp),
+                                   lambda c: c, learner)
+        else:
+            learner = jax.lax.fori_loop(0, num_grad, lambda i, c: gradient_step(c, buffer, sample_bits[i], hp),
+                                        learner)
+        num_target = interval_crossings(before, N, config.target_update_frequency, config.learning_starts)
+        # k Polyak updates in a row with the same online params, in closed form (tau = 1: a copy).
+        decay = (1.0 - hp.tau) ** num_target.astype(jnp.float32)
+        target = jax.lax.cond(num_target > 0, lambda: learner.params + decay * (learner.target - learner.params),
+                              lambda: learner.target)
+        return learner._replace(target=target), num_grad, num_target
 
     def update(runner: Runner, update_index: jax.Array):
         hp = runner.hparams
-        optimizer = make_optimizer(config, hp)
 
-        def gradient_step(carry, buffer: ReplayBuffer, bits: jax.Array):
-            flat_params, flat_target, opt_state, sums = carry
-            batch = buffer_sample(buffer, bits)
-            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(flat_params, flat_target, batch, hp.gamma)
-            updates, opt_state = optimizer.update(grads, opt_state)
-            sums = sums + jnp.stack([loss, aux["q"].mean(), jnp.linalg.norm(grads)])
-            return flat_params + updates, flat_target, opt_state, sums
-
-        def env_step(carry, inputs):
-            train, buffer, env_state, obs, episode_return, episode_length, finished = carry
+        def env_step(carry: Acting, inputs):
             t, explore, random_action, sample_bits, env_noise = inputs
             before = (update_index * T + t) * N  # env steps of this run before this vectorized step
-            # Same for every seed and sweep point (not batched under vmap): the conds below stay conds.
+            # Same for every seed and sweep point (not batched under vmap): the conds in learn stay conds.
             eps = epsilon(config, hp, before)
-            q = network.apply(unravel(train[0])["q"], obs)
+            q = network.apply(unravel(carry.learner.params)["q"], carry.obs)
             action = jnp.where(explore < eps, random_action, jnp.argmax(q, -1))
-            step = env.step(env_noise, env_state, action)
-            buffer = buffer_add(buffer, Transition(obs, action, step.reward, step.terminated, step.final_obs))
+            step = env.step(env_noise, carry.env_state, action)
+            buffer = buffer_add(carry.buffer, Transition(obs=carry.obs, action=action, reward=step.reward,
+                                                         terminated=step.terminated, final_obs=step.final_obs))
             done = step.terminated | step.truncated
-            episode_return = episode_return + step.reward
-            episode_length = episode_length + 1
-            # Sums over the episodes that end in this update: their mean is the logged return.
-            finished = (finished[0] + done.sum(), finished[1] + jnp.where(done, episode_return, 0.0).sum(),
-                        finished[2] + jnp.where(done, episode_length, 0).sum())
-
-            # Gradient steps and target updates due in this vectorized step: one per multiple of
-            # the interval that the env-step count crossed, so any num_envs keeps the schedule.
-            num_grad = interval_crossings(before, N, config.train_frequency, config.learning_starts)
-            if max_grad_steps == 1:
-                train = jax.lax.cond(num_grad > 0, lambda c: gradient_step(c, buffer, sample_bits[0]),
-                                     lambda c: c, train)
-            else:
-                train = jax.lax.fori_loop(0, num_grad, lambda i, c: gradient_step(c, buffer, sample_bits[i]), train)
-            num_target = interval_crossings(before, N, config.target_update_frequency, config.learning_starts)
-            flat_params, flat_target, opt_state, sums = train
-            # k Polyak updates in a row with the same online params, in closed form (tau = 1: a copy).
-            flat_target = jax.lax.cond(
-                num_target > 0,
-                lambda: flat_params + (1.0 - hp.tau) ** num_target.astype(jnp.float32) * (flat_target - flat_params),
-                lambda: flat_target)
-            counts = (num_grad, num_target)
-            carry = ((flat_params, flat_target, opt_state, sums), buffer, step.state, step.obs,
-                     jnp.where(done, 0.0, episode_return), jnp.where(done, 0, episode_length), finished)
-            return carry, (counts, eps)
+            episode_return, episode_length = carry.episode_return + step.reward, carry.episode_length + 1
+            learner, num_grad, num_target = learn(carry.learner, buffer, before, sample_bits, hp)
+            return Acting(learner=learner, buffer=buffer, env_state=step.state, obs=step.obs,
+                          episode_return=jnp.where(done, 0.0, episode_return),
+                          episode_length=jnp.where(done, 0, episode_length),
+                          stats=carry.stats.add(done, episode_return, episode_length)), (num_grad, num_target, eps)
 
         # All randomness of the update is drawn here in a few batched calls, not step by step.
         rng, explore_key, action_key, sample_key, env_key = jax.random.split(runner.rng, 5)
@@ -557,35 +599,33 @@ def make_train(config: Config) -> Callable:
                   jax.random.randint(action_key, (T, N), 0, env.num_actions),
                   jax.random.bits(sample_key, (T, max_grad_steps, B + 1), jnp.uint32),
                   env.presample(env_key, T))
-        train = (ravel_pytree(runner.params)[0], ravel_pytree(runner.target_params)[0], runner.opt_state,
-                 jnp.zeros(3))
-        no_episodes = (jnp.int32(0), jnp.float32(0), jnp.int32(0))
-        carry = (train, runner.buffer, runner.env_state, runner.obs, runner.episode_return, runner.episode_length,
-                 no_episodes)
-        carry, ((num_grad, num_target), eps) = jax.lax.scan(env_step, carry, inputs)
-        (flat_params, flat_target, opt_state, sums), buffer, env_state, obs, episode_return, episode_length, \
-            finished = carry
+        no_sums = LossSums(loss=jnp.float32(0), q_mean=jnp.float32(0), grad_norm=jnp.float32(0))
+        learner = Learner(params=ravel_pytree(runner.params)[0], target=ravel_pytree(runner.target_params)[0],
+                          opt_state=runner.opt_state, sums=no_sums)
+        start = Acting(learner=learner, buffer=runner.buffer, env_state=runner.env_state, obs=runner.obs,
+                       episode_return=runner.episode_return, episode_length=runner.episode_length,
+                       stats=EpisodeStats.zero())
+        acting, (num_grad, num_target, eps) = jax.lax.scan(env_step, start, inputs)
+        learner = acting.learner
 
-        num_finished, return_sum, length_sum = finished
         grad_steps = num_grad.sum()
-        # NaN when nothing happened during this update: never a stale or zero-filled value.
-        mean = lambda total, count: jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)  # noqa: E731
-        loss, q_mean, grad_norm = (mean(s, grad_steps) for s in sums)
+        # NaN when no gradient step was taken during this update: never a stale or zero-filled value.
+        mean = lambda total: jnp.where(grad_steps > 0, total / jnp.maximum(grad_steps, 1), jnp.nan)
         metrics = {
             "env_steps": (update_index + 1) * T * N,
-            "episode_return": mean(return_sum, num_finished),
-            "episode_length": mean(length_sum, num_finished),
-            "episodes_finished": num_finished,
-            "loss": loss,
-            "q_mean": q_mean,
-            "grad_norm": grad_norm,
+            **acting.stats.metrics(),
+            "loss": mean(learner.sums.loss),
+            "q_mean": mean(learner.sums.q_mean),
+            "grad_norm": mean(learner.sums.grad_norm),
             "epsilon": eps[-1],
             "gradient_steps": grad_steps,
             "target_updates": num_target.sum(),
-            "finite": jnp.isfinite(sums).all() & jnp.isfinite(flat_params).all(),
+            "finite": (jnp.isfinite(jnp.stack(learner.sums)).all() & jnp.isfinite(learner.params).all()),
         }
-        runner = Runner(unravel(flat_params), unravel(flat_target), opt_state, buffer, env_state, obs,
-                        episode_return, episode_length, rng, hp)
+        runner = Runner(params=unravel(learner.params), target_params=unravel(learner.target),
+                        opt_state=learner.opt_state, buffer=acting.buffer, env_state=acting.env_state, obs=acting.obs,
+                        episode_return=acting.episode_return, episode_length=acting.episode_length, rng=rng,
+                        hparams=hp)
         return runner, metrics
 
     def run(runner: Runner, first_update: jax.Array, num_updates: int):
@@ -606,32 +646,108 @@ def make_train(config: Config) -> Callable:
     return train
 
 
+# --------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------
+def saved_params(runner: Runner) -> dict:
+    """What params.msgpack holds and `make_evaluate` takes: the online Q-network's parameters."""
+    return runner.params
+
+
+class Evaluating(NamedTuple):
+    """What the evaluation loop carries from one env step to the next."""
+    env_state: Any
+    obs: jax.Array
+    total: jax.Array        # [episodes] return so far
+    alive: jax.Array        # [episodes] bool: the episode has not ended yet
+    rng: jax.Array
+    t: jax.Array            # env steps taken
+
+
 def make_evaluate(config: Config) -> Callable:
-    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes."""
+    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes, one per
+    env, each scored until it ends; `params` as `saved_params` gives them."""
     validate(config)
     env = VecEnv(config.env_name, config.eval_episodes)
-    network = make_network(config, env.num_actions)
+    networks = make_networks(config, env.num_actions)
 
     def evaluate(params, rng: jax.Array) -> jax.Array:
         reset_key, rng = jax.random.split(rng)
         obs, env_state = env.reset(reset_key)
 
-        def running(carry):
-            return carry[3].any() & (carry[5] < env.max_episode_steps)
+        def running(carry: Evaluating):
+            return carry.alive.any() & (carry.t < env.max_episode_steps)
 
-        def env_step(carry):
-            env_state, obs, total, alive, rng, t = carry
-            rng, key = jax.random.split(rng)
+        def env_step(carry: Evaluating):
+            rng, key = jax.random.split(carry.rng)
             noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
-            step = env.step(noise, env_state, jnp.argmax(network.apply(params["q"], obs), -1))
-            total = total + jnp.where(alive, step.reward, 0.0)
-            alive = alive & ~(step.terminated | step.truncated)
-            return step.state, step.obs, total, alive, rng, t + 1
+            action = jnp.argmax(networks.q.apply(params["q"], carry.obs), -1)
+            step = env.step(noise, carry.env_state, action)
+            return Evaluating(env_state=step.state, obs=step.obs,
+                              total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
+                              alive=carry.alive & ~(step.terminated | step.truncated), rng=rng, t=carry.t + 1)
 
-        carry = (env_state, obs, jnp.zeros(env.num_envs), jnp.ones(env.num_envs, bool), rng, 0)
-        return jax.lax.while_loop(running, env_step, carry)[2].mean()
+        start = Evaluating(env_state=env_state, obs=obs, total=jnp.zeros(env.num_envs),
+                           alive=jnp.ones(env.num_envs, bool), rng=rng, t=0)
+        return jax.lax.while_loop(running, env_step, start).total.mean()
 
     return evaluate
+
+
+# ======================================================================================
+# Run harness: the command line, the run directory, sharding, progress and plots.
+#
+# Everything below this banner is the same, byte for byte, in every file of algorithms/
+# (tests/test_harness.py checks it): change it in all of them or in none. It reaches the
+# algorithm above only through these names: ALGORITHM, Config (its fields env_name,
+# total_timesteps, eval_episodes, seed, num_seeds and its properties steps_per_update and
+# num_updates), ConfigError, validate, HParams, SWEEPABLE, validate_hparams, check_resources,
+# make_train (train.init, train.run), saved_params and make_evaluate; and through the metrics
+# env_steps, episode_return, episodes_finished and finite of every update.
+# ======================================================================================
+def configure_xla() -> None:
+    """Sets, for this process, the XLA flags the command line trains with; a flag already in
+    XLA_FLAGS is left as it is. XLA reads XLA_FLAGS once, when JAX starts its backend, so call
+    this before the first JAX computation (importing gymnax is one). Library users call it to
+    get the command line's CPU set-up; it never runs on import.
+
+    - XLA's concurrency-optimised CPU scheduler (jaxlib 0.10) has deadlocked vmapped PPO here;
+      the older scheduler has not. This costs some CPU throughput (benchmarks/README.md).
+    - On a CPU-only install, backend optimisation level 1 compiles faster at the same speed,
+      and the host is split into one XLA device per core (unless JAX_NUM_CPU_DEVICES says how
+      many), over which `main` spreads its runs: XLA:CPU runs one device's small kernels on
+      one core.
+    """
+    try:
+        from jax._src import xla_bridge  # JAX has no public way to ask whether its backend started
+        started = xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):
+        started = False
+    if started:
+        warnings.warn("configure_xla(): JAX's backend has already started, so XLA flags can no longer "
+                      "take effect; call it before the first JAX computation", stacklevel=2)
+        return
+    flags = {"xla_cpu_enable_concurrency_optimized_scheduler": "false"}
+    if cpu_only():
+        flags["xla_backend_optimization_level"] = "1"
+        if cpu_cores() > 1 and "JAX_NUM_CPU_DEVICES" not in os.environ:
+            flags["xla_force_host_platform_device_count"] = str(cpu_cores())
+    for name, value in flags.items():
+        if name not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{name}={value}".strip()
+
+
+def cpu_only() -> bool:
+    """No accelerator plugin is installed, or JAX_PLATFORMS asks for the CPU; told without
+    starting JAX's backend."""
+    if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+        return True
+    return not any(m.name.startswith(("jax_cuda", "jax_rocm", "libtpu")) for m in pkgutil.iter_modules())
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 # --------------------------------------------------------------------------------------
@@ -642,9 +758,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def program_name() -> str:
+    return os.path.basename(sys.argv[0]) or f"{ALGORITHM}.py"
+
+
 def parse_args(argv: Sequence[str] | None = None):
-    parser = _Parser(prog=os.path.basename(sys.argv[0]) or "dqn.py",
-                     description=__doc__.split("\n\n")[0],
+    """(Config, sweep {field: values}, the other options) from the command line."""
+    parser = _Parser(prog=program_name(), description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for field in dataclasses.fields(Config):
         flag = "--" + _flag(field.name)
@@ -653,8 +773,7 @@ def parse_args(argv: Sequence[str] | None = None):
                                 help=field.metadata["doc"])
         else:
             parser.add_argument(flag, type=_integer if field.type is int else field.type, default=field.default,
-                                metavar=field.type.__name__.upper(),
-                                help=field.metadata["doc"])
+                                metavar=field.type.__name__.upper(), help=field.metadata["doc"])
     parser.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2,...",
                         help=f"train every value in one compiled program (repeat for a grid); FIELD is one "
                              f"of {', '.join(map(_flag, SWEEPABLE))}")
@@ -699,15 +818,18 @@ def parse_sweep(specs: Sequence[str]) -> dict:
 
 def sweep_points(config: Config, sweep: dict) -> list[dict]:
     """The grid of hyperparameter values, one dict per point; [{}] when nothing is swept."""
-    points = [dict(zip(sweep, values)) for values in itertools.product(*sweep.values())]
+    points = [dict(zip(sweep, values, strict=True)) for values in itertools.product(*sweep.values())]
     for point in points:
         try:
-            _validate_hparams({name: point.get(name, getattr(config, name)) for name in SWEEPABLE})
+            validate_hparams({name: point.get(name, getattr(config, name)) for name in SWEEPABLE})
         except ConfigError as error:
             raise ConfigError(f"--sweep value: {error}") from None
     return points
 
 
+# --------------------------------------------------------------------------------------
+# Runs over devices
+# --------------------------------------------------------------------------------------
 def run_devices(num_runs: int) -> list:
     """The devices the runs are spread over: every device of every host under jax.distributed;
     on one host at most one device per run, so that no device trains padding only."""
@@ -737,24 +859,118 @@ def gather_runs(tree, shape: tuple):
     return jax.tree.map(lambda x: np.asarray(x)[:size].reshape(*shape, *np.shape(x)[1:]), tree)
 
 
-def enable_compile_cache() -> None:
-    if not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax_rl_compile"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+class RunPlan(NamedTuple):
+    """Every run of one command: [sweep point, seed] flattened into one leading run axis (every
+    point trains the same seeds), padded to a multiple of the device count."""
+    points: list              # the sweep points, {field: value} each; [{}] without --sweep
+    num_seeds: int
+    keys: np.ndarray          # [padded runs, 2] training keys
+    hparams: HParams          # [padded runs] each run's hyperparameters
+    eval_keys: np.ndarray     # [padded runs, 2] evaluation keys
+    sharding: jax.sharding.NamedSharding
+
+    @property
+    def num_runs(self) -> int:
+        return len(self.points) * self.num_seeds
+
+    def to_host(self, tree):
+        """Run-axis arrays as host arrays [points, seeds, ...], padding dropped."""
+        return gather_runs(tree, (len(self.points), self.num_seeds))
 
 
-def new_run_dir(runs_dir: str, config: Config) -> str:
-    """A directory no earlier run has used: created atomically, never reused."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for attempt in itertools.count():
-        path = os.path.join(runs_dir, f"{ALGORITHM}-{config.env_name}-{stamp}" + (f"-{attempt}" if attempt else ""))
-        try:
-            os.makedirs(path)
-            return path
-        except FileExistsError:
-            continue
+def plan_runs(config: Config, points: list[dict]) -> RunPlan:
+    num_runs = len(points) * config.num_seeds
+    seed_keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+    eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
+    values = np.array([[point.get(name, getattr(config, name)) for name in SWEEPABLE] for point in points],
+                      np.float32)
+    hparams = HParams(*np.repeat(values, config.num_seeds, axis=0).T)
+    every_point = lambda keys: np.tile(keys, (len(points), 1))  # noqa: E731
+    return RunPlan(points=points, num_seeds=config.num_seeds, keys=pad_runs(every_point(seed_keys), num_runs),
+                   hparams=pad_runs(hparams, num_runs), eval_keys=pad_runs(every_point(eval_keys), num_runs),
+                   sharding=runs_sharding(num_runs))
 
 
+class Programs(NamedTuple):
+    run: Callable             # (runners, first update) -> (runners, metrics of `chunk` updates), compiled
+    evaluate: Callable        # (saved params, keys) -> mean greedy return of every run
+    chunk: int                # updates per call of `run`
+
+
+def compile_programs(config: Config, plan: RunPlan):
+    """The first runners (on the devices) and the compiled programs that train and evaluate them."""
+    train = make_train(config)
+    # Initialisation runs on one device and is then spread out: flax's orthogonal init (a LAPACK
+    # QR) deadlocked XLA:CPU when executed on several devices at once. It is cheap either way.
+    runner = jax.device_put(jax.jit(jax.vmap(train.init))(plan.keys, plan.hparams), plan.sharding)
+    chunk = max(1, math.ceil(config.num_updates / 10))  # ~10 progress reports
+    # The runners are donated: each chunk updates them (replay buffers included) in place.
+    run = jax.jit(jax.vmap(lambda runner, first: train.run(runner, first, chunk), (0, None)),
+                  out_shardings=plan.sharding, donate_argnums=0)
+    evaluate = jax.jit(jax.vmap(make_evaluate(config)), out_shardings=plan.sharding)
+    run = run.lower(runner, jnp.int32(0)).compile()
+    jax.block_until_ready(runner)
+    return runner, Programs(run=run, evaluate=evaluate, chunk=chunk)
+
+
+# --------------------------------------------------------------------------------------
+# Training in chunks, with progress
+# --------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class TrainingLog:
+    """What has reached the host so far: each finished chunk's metrics ([points, seeds, updates]
+    per name) and when it finished (seconds since training began)."""
+    chunks: list = dataclasses.field(default_factory=list)
+    chunk_ends: list = dataclasses.field(default_factory=list)
+
+    @property
+    def num_updates(self) -> int:
+        return sum(chunk["episode_return"].shape[-1] for chunk in self.chunks)
+
+    def metrics(self) -> dict:
+        """Every finished update's metrics, plus `wall_seconds`: when each update had finished,
+        measured at chunk ends and interpolated within a chunk (its updates cost alike)."""
+        if not self.chunks:
+            return {}
+        metrics = {name: np.concatenate([chunk[name] for chunk in self.chunks], axis=-1) for name in self.chunks[0]}
+        ends = np.cumsum([chunk["episode_return"].shape[-1] for chunk in self.chunks])
+        metrics["wall_seconds"] = np.interp(np.arange(1, ends[-1] + 1), [0, *ends], [0.0, *self.chunk_ends])
+        return metrics
+
+
+def train_in_chunks(config: Config, plan: RunPlan, programs: Programs, runner, log: TrainingLog, say: Callable):
+    """Runs every update as calls of one compiled chunk, reporting between them: a callback inside
+    the program would keep it out of the persistent compile cache. Each chunk is dispatched
+    before the previous one is reported, so reporting costs no training time. Returns the
+    final runners; `log` holds every finished chunk, also when this raises."""
+    start, pending = time.perf_counter(), None
+    for first in range(0, config.num_updates, programs.chunk):
+        runner, metrics = programs.run(runner, jnp.int32(first))
+        if pending is not None:
+            record_chunk(config, plan, log, *pending, start, say)
+        pending = (first, metrics)
+    record_chunk(config, plan, log, *pending, start, say)
+    return runner
+
+
+def record_chunk(config: Config, plan: RunPlan, log: TrainingLog, first: int, metrics: dict, start: float,
+                 say: Callable) -> None:
+    """Brings a chunk's metrics to the host (waiting for it to finish), logs and reports it;
+    updates past the config's end, which the last chunk skips, are dropped."""
+    updates = min(config.num_updates - first, metrics["episode_return"].shape[-1])
+    metrics = {name: value[..., :updates] for name, value in plan.to_host(metrics).items()}
+    seconds = time.perf_counter() - start
+    log.chunks.append(metrics)
+    log.chunk_ends.append(seconds)
+    done = first + updates
+    steps = done * config.steps_per_update
+    say(f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
+        f"return {_nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s")
+
+
+# --------------------------------------------------------------------------------------
+# Results: summary, run directory, report
+# --------------------------------------------------------------------------------------
 def final_returns(metrics: dict, fraction: float = 0.05) -> np.ndarray:
     """Per run: mean return of the episodes that ended in the last `fraction` of updates."""
     returns, counts = metrics["episode_return"], metrics["episodes_finished"]
@@ -788,159 +1004,237 @@ def package_versions() -> dict:
     return versions
 
 
-def plot_learning_curves(path: str, metrics: dict, labels: list[str], config: Config) -> None:
+def point_label(point: dict) -> str:
+    return ", ".join(f"{name}={value:g}" for name, value in point.items())
+
+
+def summarise(config: Config, plan: RunPlan, metrics: dict, eval_returns: np.ndarray | None, seconds: dict) -> dict:
+    """summary.json: the best sweep point's figures at the top level, every point under `sweep`."""
+    finals = final_returns(metrics)  # [points, seeds]
+    per_point = []
+    for index, point in enumerate(plan.points):
+        final = finals[index]
+        per_point.append({"sweep_point": point, "final_return_mean": _number(_nanmean(final)),
+                          "final_return_std": _number(np.sqrt(_nanmean((final - _nanmean(final)) ** 2))),
+                          "final_return_per_seed": [_number(x) for x in final],
+                          "eval_return_mean": None if eval_returns is None else _number(np.mean(eval_returns[index]))})
+    ranked = [-math.inf if p["final_return_mean"] is None else p["final_return_mean"] for p in per_point]
+    best = int(np.argmax(ranked))
+    trained = metrics["episode_return"].shape[-1] * config.steps_per_update
+    summary = {"algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": plan.num_seeds,
+               "total_timesteps": config.total_timesteps, "trained_timesteps": trained,
+               **{k: v for k, v in per_point[best].items() if k != "sweep_point"},
+               **{f"{name}_seconds": value for name, value in seconds.items()},
+               "steps_per_second": trained * plan.num_runs / seconds["train"],
+               "backend": jax.default_backend(), "devices": [str(d) for d in run_devices(plan.num_runs)],
+               "versions": package_versions()}
+    if plan.points != [{}]:
+        summary.update(best_sweep_point=plan.points[best], sweep=per_point)
+    nonfinite = first_nonfinite(config, plan, metrics)
+    if nonfinite:
+        summary["nonfinite"] = nonfinite
+    return summary
+
+
+def first_nonfinite(config: Config, plan: RunPlan, metrics: dict) -> dict | None:
+    """Where NaN or inf first appeared in a loss or the parameters: update, env step, seed, point."""
+    nonfinite = ~metrics["finite"]
+    if not nonfinite.any():
+        return None
+    update = int(np.argmax(nonfinite.any(axis=(0, 1))))
+    point, seed = map(int, np.argwhere(nonfinite[:, :, update])[0])
+    return {"first_update": update + 1, "env_steps": (update + 1) * config.steps_per_update,
+            "seed_index": seed, "sweep_point": plan.points[point]}
+
+
+def create_run_dir(runs_dir: str, config: Config, sweep: dict) -> str:
+    """A new directory under `runs_dir` holding config.json, made before anything compiles; a
+    `runs_dir` that cannot hold it is a ConfigError. Never reuses a directory."""
+    try:
+        run_dir = new_run_dir(runs_dir, config)
+        write_file(os.path.join(run_dir, "config.json"),
+                   json.dumps({**dataclasses.asdict(config), "sweep": sweep}, indent=2).encode())
+    except OSError as error:
+        raise ConfigError(f"--runs-dir {runs_dir}: cannot write a run directory there "
+                          f"({error.strerror or error})") from None
+    return run_dir
+
+
+def new_run_dir(runs_dir: str, config: Config) -> str:
+    """A directory no earlier run has used: created atomically, never reused."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in itertools.count():
+        path = os.path.join(runs_dir, f"{ALGORITHM}-{config.env_name}-{stamp}" + (f"-{attempt}" if attempt else ""))
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            continue
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Writes to a temporary name, then renames: a file is either whole or not there."""
+    with open(path + ".partial", "wb") as f:
+        f.write(data)
+    os.replace(path + ".partial", path)
+
+
+def write_results(run_dir: str, plan: RunPlan, metrics: dict, eval_returns, params, summary: dict) -> None:
+    """metrics.npz, params.msgpack (when training finished) and summary.json, then the plot."""
+    arrays = {**{f"sweep_{name}": np.array([point[name] for point in plan.points]) for name in plan.points[0]},
+              **metrics}
+    if eval_returns is not None:
+        arrays["eval_return"] = eval_returns
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    write_file(os.path.join(run_dir, "metrics.npz"), buffer.getvalue())
+    if params is not None:
+        write_file(os.path.join(run_dir, "params.msgpack"), serialization.to_bytes(params))
+    write_file(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2).encode())
+    try:
+        plot_learning_curves(os.path.join(run_dir, "learning_curve.png"), metrics, plan)
+    except Exception as error:  # everything else is written: a broken plot must not cost the run
+        print(f"{program_name()}: warning: could not draw learning_curve.png ({error})", file=sys.stderr)
+
+
+def plot_learning_curves(path: str, metrics: dict, plan: RunPlan) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     steps = metrics["env_steps"][0, 0]
-    for point, label in enumerate(labels):
-        returns = metrics["episode_return"][point]  # [seeds, updates]
+    for point, returns in zip(plan.points, metrics["episode_return"], strict=True):  # returns: [seeds, updates]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, low, high = (np.nanmean(returns, 0), np.nanmin(returns, 0), np.nanmax(returns, 0))
-        line, = ax.plot(steps, mean, label=label or f"mean of {returns.shape[0]} seeds")
+        line, = ax.plot(steps, mean, label=point_label(point) or f"mean of {plan.num_seeds} seeds")
         ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
     ax.set_xlabel("environment steps (per run)")
     ax.set_ylabel("episode return")
-    ax.set_title(f"{ALGORITHM} on {config.env_name}: mean, min-max band over {config.num_seeds} seeds")
+    ax.set_title(f"{ALGORITHM}: mean, min-max band over {plan.num_seeds} seeds")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
+    write_file(path, buffer.getvalue())
 
 
+def report(config: Config, plan: RunPlan, summary: dict, say: Callable) -> None:
+    show = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
+    for point in summary.get("sweep", [summary]):
+        say(f"{point_label(point.get('sweep_point', {})) or 'final'}: return {show(point['final_return_mean'])} ± "
+            f"{show(point['final_return_std'])} over {plan.num_seeds} seeds (episodes ending in the last 5% of "
+            f"training), greedy eval {show(point['eval_return_mean'])}")
+    say(f"compile {summary['compile_seconds']:.1f} s, train {summary['train_seconds']:.1f} s "
+        f"({summary['steps_per_second']:,.0f} env steps/s), eval {summary['eval_seconds']:.1f} s")
+
+
+def enable_compile_cache() -> None:
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax_rl_compile"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+# --------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line. Exit status: 0 done, 2 bad input (nothing compiled or written), 3 NaN or
+    inf appeared, 1 training or writing stopped by an error, 130 training stopped by Ctrl-C."""
+    is_host_0 = jax.process_index() == 0  # under jax.distributed, host 0 reports and writes
     try:
         config, sweep, args = parse_args(argv)
         validate(config)
         points = sweep_points(config, sweep)
-        check_buffer_memory(config, len(points) * config.num_seeds)
+        check_resources(config, len(points) * config.num_seeds)
+        run_dir = create_run_dir(args.runs_dir, config, sweep) if is_host_0 else None
     except ConfigError as error:
-        print(f"{os.path.basename(sys.argv[0]) or 'dqn.py'}: error: {error}", file=sys.stderr)
+        print(f"{program_name()}: error: {error}", file=sys.stderr)
         return 2
-    quiet = args.quiet or jax.process_index() != 0  # under jax.distributed, host 0 reports and writes
-    say = (lambda *a, **k: None) if quiet else (lambda *a, **k: print(*a, **k, flush=True))
+    say = print_progress if is_host_0 and not args.quiet else lambda *_: None
     if args.compile_cache:
         enable_compile_cache()
-
-    # Runs are [sweep point, seed] flattened into one run axis (every point sees the same seeds),
-    # which is sharded over all devices: nothing crosses runs, so each device trains its share.
-    G, S = len(points), config.num_seeds
-    seed_keys = jax.random.split(jax.random.PRNGKey(config.seed), S)
-    values = np.array([[p.get(n, getattr(config, n)) for n in SWEEPABLE] for p in points], np.float32)
-    keys, hparams = pad_runs((np.tile(seed_keys, (G, 1)), HParams(*np.repeat(values, S, axis=0).T)), G * S)
-    sharded = runs_sharding(G * S)  # every output below has the run axis first
-    eval_keys = jax.device_put(pad_runs(np.tile(jax.random.split(jax.random.PRNGKey(config.seed + 1), S), (G, 1)),
-                                        G * S), sharded)
-    train = make_train(config)
-    # Initialisation runs on one device and is then spread out: flax's orthogonal init (a LAPACK
-    # QR) deadlocked XLA:CPU when executed on several devices at once. It is cheap either way.
-    init = jax.jit(jax.vmap(train.init))
-    chunk = max(1, math.ceil(config.num_updates / 10))  # ~10 progress reports
-    # The runner (replay buffers included) is donated: each chunk updates it in place, not in a copy.
-    run = jax.jit(jax.vmap(lambda runner, first: train.run(runner, first, chunk), (0, None)), out_shardings=sharded,
-                  donate_argnums=0)
-    evaluate = jax.jit(jax.vmap(make_evaluate(config)), out_shardings=sharded)
-    runs_to_host = lambda tree: gather_runs(tree, (G, S))  # noqa: E731
-
-    say(f"{ALGORITHM} on {config.env_name}: {G * S} run(s) ({S} seeds x {G} sweep points), "
-        f"{config.num_updates} updates of {config.batch_steps} env steps each, on {len(run_devices(G * S))} "
-        f"{jax.default_backend()} device(s)")
-    if config.total_timesteps % config.batch_steps:
-        say(f"note: total_timesteps {config.total_timesteps:,} is not a multiple of num_envs * num_steps "
-            f"= {config.batch_steps}; training {config.num_updates * config.batch_steps:,} steps per run")
+    plan = plan_runs(config, points)
+    announce(config, plan, say)
     start = time.perf_counter()
-    runner = jax.device_put(init(keys, hparams), sharded)
-    run_compiled = run.lower(runner, jnp.int32(0)).compile()
-    jax.block_until_ready(runner)
-    compile_seconds = time.perf_counter() - start
-    say(f"compiled in {compile_seconds:.1f} s")
+    runner, programs = compile_programs(config, plan)
+    seconds = {"compile": time.perf_counter() - start}
+    say(f"compiled in {seconds['compile']:.1f} s")
+    log, start = TrainingLog(), time.perf_counter()
+    try:
+        runner = train_in_chunks(config, plan, programs, runner, log, say)
+    except (Exception, KeyboardInterrupt) as error:
+        return stopped_early(config, plan, log, run_dir, error)
+    seconds["train"] = time.perf_counter() - start
+    return finish(config, plan, programs, runner, log.metrics(), seconds, run_dir, say)
 
-    # The updates run as ~10 calls of one compiled chunk, so that the host can report between
-    # them: a callback inside the program would keep it out of the persistent compile cache.
-    # Each chunk is dispatched before the previous one is reported, so reporting costs no time.
-    chunks, chunk_ends, start = [], [], time.perf_counter()
-    firsts = list(range(0, config.num_updates, chunk))
-    for i, first in enumerate(firsts):
-        runner, metrics = run_compiled(runner, jnp.int32(first))
-        chunks.append(metrics)
-        for j in ([i - 1] if i else []) + ([i] if i == len(firsts) - 1 else []):
-            done_updates = min(firsts[j] + chunk, config.num_updates)
-            returns = runs_to_host(chunks[j]["episode_return"])[..., : done_updates - firsts[j]]
-            seconds = time.perf_counter() - start  # chunk j has just reached the host: it is done
-            chunk_ends.append(seconds)
-            say(f"[{100 * done_updates / config.num_updates:5.1f}%] update {done_updates}/{config.num_updates}"
-                f"  env steps {done_updates * config.batch_steps:,}  return {_nanmean(returns):8.2f}"
-                f"  {done_updates * config.batch_steps * G * S / seconds:,.0f} steps/s")
-    metrics = runs_to_host(jax.tree.map(lambda *c: jnp.concatenate(c, axis=-1), *chunks))
-    metrics = {k: v[..., : config.num_updates] for k, v in metrics.items()}
-    train_seconds = time.perf_counter() - start
-    # Seconds since training began at which each update had finished: measured at chunk ends,
-    # interpolated within a chunk (its updates cost alike), for return-against-wall-clock curves.
-    done_at = [min(first + chunk, config.num_updates) for first in firsts]
-    metrics["wall_seconds"] = np.interp(np.arange(1, config.num_updates + 1), [0, *done_at], [0.0, *chunk_ends])
 
-    eval_start = time.perf_counter()
-    eval_returns = runs_to_host(evaluate(runner.params, eval_keys))
-    params = runs_to_host(runner.params)
-    eval_seconds = time.perf_counter() - eval_start
+def announce(config: Config, plan: RunPlan, say: Callable) -> None:
+    say(f"{ALGORITHM} on {config.env_name}: {plan.num_runs} run(s) ({plan.num_seeds} seeds x {len(plan.points)} "
+        f"sweep points), {config.num_updates} updates of {config.steps_per_update} env steps each, on "
+        f"{len(run_devices(plan.num_runs))} {jax.default_backend()} device(s)")
+    if config.total_timesteps % config.steps_per_update:
+        say(f"note: total_timesteps {config.total_timesteps:,} is not a multiple of the {config.steps_per_update} "
+            f"env steps of an update; training {config.num_updates * config.steps_per_update:,} steps per run")
 
-    nonfinite = ~metrics["finite"]
-    if jax.process_index() != 0:
-        return 3 if nonfinite.any() else 0
-    run_dir = new_run_dir(args.runs_dir, config)
-    labels = [", ".join(f"{k}={v:g}" for k, v in p.items()) for p in points]
-    finals = final_returns(metrics)  # [G, S]
-    per_point = [{"sweep_point": p, "final_return_mean": _number(_nanmean(f)),
-                  "final_return_std": _number(np.sqrt(_nanmean((f - _nanmean(f)) ** 2))),
-                  "final_return_per_seed": [_number(x) for x in f], "eval_return_mean": _number(np.mean(e))}
-                 for p, f, e in zip(points, finals, eval_returns)]
-    best = max(range(G), key=lambda g: -math.inf if per_point[g]["final_return_mean"] is None
-               else per_point[g]["final_return_mean"])
-    summary = {
-        "algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": S, "total_timesteps": config.total_timesteps,
-        "trained_timesteps": config.num_updates * config.batch_steps,
-        **{k: v for k, v in per_point[best].items() if k != "sweep_point"},
-        "compile_seconds": compile_seconds, "train_seconds": train_seconds, "eval_seconds": eval_seconds,
-        "steps_per_second": config.num_updates * config.batch_steps * G * S / train_seconds,
-        "backend": jax.default_backend(), "devices": [str(d) for d in run_devices(G * S)],
-        "versions": package_versions(),
-    }
-    if sweep:
-        summary.update(best_sweep_point=points[best], sweep=per_point)
-    if nonfinite.any():
-        first_bad = int(np.argmax(nonfinite.any(axis=(0, 1))))
-        g, s = map(int, np.argwhere(nonfinite[:, :, first_bad])[0])
-        summary["nonfinite"] = {"first_update": first_bad + 1, "env_steps": (first_bad + 1) * config.batch_steps,
-                                "seed_index": s, "sweep_point": points[g]}
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump({**dataclasses.asdict(config), "sweep": sweep}, f, indent=2)
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    np.savez_compressed(os.path.join(run_dir, "metrics.npz"), eval_return=eval_returns,
-                        **{f"sweep_{k}": np.array([p[k] for p in points]) for k in sweep}, **metrics)
-    with open(os.path.join(run_dir, "params.msgpack"), "wb") as f:
-        f.write(serialization.to_bytes(params))
-    plot_learning_curves(os.path.join(run_dir, "learning_curve.png"), metrics, labels, config)
 
-    for p, label in zip(per_point, labels):
-        show = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
-        say(f"{label or 'final'}: return {show(p['final_return_mean'])} ± {show(p['final_return_std'])} over "
-            f"{S} seeds (episodes ending in the last 5% of training), greedy eval {show(p['eval_return_mean'])}")
-    say(f"compile {compile_seconds:.1f} s, train {train_seconds:.1f} s "
-        f"({summary['steps_per_second']:,.0f} env steps/s), eval {eval_seconds:.1f} s")
+def finish(config: Config, plan: RunPlan, programs: Programs, runner, metrics: dict, seconds: dict,
+           run_dir: str | None, say: Callable) -> int:
+    """Evaluates the trained runs, writes the run directory and reports; returns the exit status."""
+    start = time.perf_counter()
+    saved = saved_params(runner)
+    eval_keys = jax.device_put(plan.eval_keys, plan.sharding)
+    eval_returns, params = plan.to_host((programs.evaluate(saved, eval_keys), saved))
+    seconds["eval"] = time.perf_counter() - start
+    summary = summarise(config, plan, metrics, eval_returns, seconds)
+    if run_dir is None:  # not host 0
+        return 3 if "nonfinite" in summary else 0
+    try:
+        write_results(run_dir, plan, metrics, eval_returns, params, summary)
+    except OSError as error:
+        print(f"{program_name()}: error: could not write the results into {run_dir}: {error}", file=sys.stderr)
+        return 1
+    report(config, plan, summary, say)
     print(f"results: {run_dir}", flush=True)
-    if nonfinite.any():
+    if "nonfinite" in summary:
         bad = summary["nonfinite"]
-        print(f"error: non-finite loss or parameters first appeared at update {bad['first_update']} "
-              f"(env step {bad['env_steps']:,}, seed index {bad['seed_index']}"
-              + (f", sweep point {bad['sweep_point']}" if sweep else "") + ")", file=sys.stderr)
+        print(f"error: non-finite loss or parameters first appeared at update {bad['first_update']} (env step "
+              f"{bad['env_steps']:,}, seed index {bad['seed_index']}"
+              + (f", sweep point {bad['sweep_point']}" if plan.points != [{}] else "") + ")", file=sys.stderr)
         return 3
     return 0
 
 
+def print_progress(*args) -> None:
+    print(*args, flush=True)
+
+
+def stopped_early(config: Config, plan: RunPlan, log: TrainingLog, run_dir: str | None, error: BaseException) -> int:
+    """Training stopped (an error, or Ctrl-C): the run directory keeps every update that finished
+    and a summary that says why; one line on stderr says so."""
+    interrupted = isinstance(error, KeyboardInterrupt)
+    why = "interrupted (Ctrl-C)" if interrupted else f"{type(error).__name__}: {error}".splitlines()[0]
+    if run_dir is not None:
+        summary = {"algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": plan.num_seeds,
+                   "stopped": why, "completed_updates": log.num_updates, "num_updates": config.num_updates}
+        try:
+            if log.chunks:
+                metrics = log.metrics()
+                summary = {**summarise(config, plan, metrics, None, {"train": log.chunk_ends[-1]}), **summary}
+                write_results(run_dir, plan, metrics, None, None, summary)
+            else:
+                write_file(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2).encode())
+        except OSError:
+            pass  # the error that stopped training is the one to report
+        print(f"results: {run_dir}", flush=True)
+    print(f"{program_name()}: error: training stopped after {log.num_updates} of {config.num_updates} updates: "
+          f"{why}" + (f"; the finished updates are in {run_dir}" if run_dir else ""), file=sys.stderr)
+    return 130 if interrupted else 1
+
+
 if __name__ == "__main__":
+    configure_xla()
     sys.exit(main())

@@ -1,16 +1,16 @@
 """Shared fixtures for the algorithm tests.
 
-algorithms/ppo.py is a single-file script, not a package, so it is imported from its path.
-It is loaded here at conftest import time, before any test module is collected, because it
-sets XLA_FLAGS before importing jax; a test module doing `import jax` first would otherwise
-start XLA without that flag. The `ppo` fixture hands out this one module object, so the
-whole session shares one copy (and its jit caches).
+algorithms/*.py are single-file scripts, not a package, so they are imported from their paths,
+each once per session (`load_algorithm`), so the whole session shares one copy of each module
+and its jit caches. Importing one does nothing but define things; the tests then ask for the
+command line's XLA set-up explicitly (configure_xla), before any test starts JAX's backend.
 """
 import importlib.util
 import os
 import pathlib
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -32,11 +32,17 @@ def _load(name: str, path: pathlib.Path):
     return module
 
 
-# What the user asked for before ppo.py added its own XLA flags.
+# What the user asked for before configure_xla added its flags.
 USER_SET_CPU_DEVICES = ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
                         or "JAX_NUM_CPU_DEVICES" in os.environ)
 _PPO = _load("ppo", PPO_PATH)
-import jax  # noqa: E402  (only now: ppo.py had to set XLA_FLAGS before jax started)
+
+
+def pytest_configure(config):
+    """The tests train as the command line does: its XLA flags (XLA's concurrent CPU scheduler
+    has deadlocked vmapped PPO), set before anything starts JAX's backend."""
+    _PPO.configure_xla()
+
 
 # [T=6, N=5] episode-boundary patterns for the return tests (GAE, Q(lambda), ...), one env per column:
 #   0: no boundary at all (bootstraps from the next value at the end of the rollout)
@@ -82,21 +88,30 @@ def check_bootstrap_at_truncation_only(returns_of, next_value, gamma: float, lam
         bumped[t, n] += 10.0
         np.testing.assert_array_equal(returns_of(bumped), base, err_msg=f"terminated at t={t}, env {n}")
 
+def pytest_collection_modifyitems(items):
+    """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py."""
+    for item in items:
+        slow_except_ppo = getattr(item.module, "SLOW_EXCEPT_PPO", ())
+        callspec = getattr(item, "callspec", None)
+        if item.originalname in slow_except_ppo and callspec and callspec.params.get("name") != "ppo":
+            item.add_marker(pytest.mark.slow)
+
+
 def load_algorithm(name: str):
-    """algorithms/<name>.py as a module, loaded once per session (all files set the same XLA_FLAGS)."""
+    """algorithms/<name>.py as a module, loaded once per session."""
     return _load(name, ROOT / "algorithms" / f"{name}.py")
 
 
-# The training tests' small configs (CartPole-v1 unless they name another env), each compiled once per session and shared by
-# tests/test_train.py and the algorithm's own test file; a module says which algorithm it tests
-# with a `name` fixture. Values: (Config fields, updates they give, a learning rate that is not
-# the config's, for the sweep test).
+# The training tests' small configs (CartPole-v1 unless they name another env), each compiled
+# once per session and shared by tests/test_train.py and the algorithm's own test file; a module
+# says which algorithm it tests with a `name` fixture. Values: (Config fields, updates they give,
+# a learning rate that is not the config's, for the sweep test).
 SMALL_TRAIN = {
     "ppo": (dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6, num_minibatches=2, update_epochs=2,
                  num_seeds=1), 6, 1e-3),
     # 4-step rollouts: no CartPole episode ends within the first update, later ones do.
     "pqn": (dict(num_envs=8, num_steps=4, total_timesteps=8 * 4 * 6, num_minibatches=2, update_epochs=2,
-                 num_seeds=1, hidden_size=32, eps_start=0.9, eps_end=0.1, eps_decay=0.5), 6, 3e-3),
+                 num_seeds=1, hidden_size=32, eps_start=0.9, eps_end=0.1, eps_fraction=0.5), 6, 3e-3),
     # 4 envs of CartPole without velocities, 2 minibatches of 2 whole env sequences.
     "ppo_rnn": (dict(env_name="CartPole-v1-no-velocity", num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6,
                      num_minibatches=2, update_epochs=2, num_seeds=1, hidden_size=16), 6, 1e-3),

@@ -6,7 +6,6 @@ for it. Every run of one file shares one fresh compile cache (JAX_COMPILATION_CA
 temp dir), so only the first run of each program shape pays for compilation; runs that differ
 only in float hyperparameters (run-time inputs) reuse it.
 """
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -20,8 +19,9 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, USER_SET_CPU_DEVICES, load_algorithm
 from flax import serialization
+
+from conftest import ROOT, USER_SET_CPU_DEVICES, load_algorithm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +41,17 @@ class Algorithm:
 
     @property
     def small_updates(self) -> int:
-        flags = dict(zip(self.small[::2], self.small[1::2]))
+        flags = dict(zip(self.small[::2], self.small[1::2], strict=False))
         return int(flags["--total-timesteps"]) // self.steps_per_update
 
 
 SMALL_SEEDS = 2
-CORES = load_algorithm("ppo")._CORES  # the cores this process may use, as every algorithm file counts them
+# Every file shares the run harness (tests/test_harness.py), so these command-line tests run on
+# ppo.py in the fast loop and on the other files only with the slow tests (conftest reads this);
+# the fast loop still runs every file's command line once (the copied script) and checks its run
+# directory.
+SLOW_EXCEPT_PPO = {"test_small_run_writes_a_complete_run_directory", "test_second_run_gets_a_new_directory",
+                   "test_sweep_has_a_leading_sweep_axis", "test_diverging_run_exits_3_and_still_writes_results"}
 ALGORITHMS = {
     "ppo": Algorithm(
         small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
@@ -201,14 +206,21 @@ def test_small_run_writes_a_complete_run_directory(name, algo, module, small_run
     proc, runs_dir, run_dir = small_run
     assert run_dir.parent.resolve() == runs_dir.resolve()
     assert [p.name for p in runs_dir.iterdir()] == [run_dir.name]
+    check_run_directory(name, algo, module, run_dir, algo.small)
+    config = strict_json(run_dir / "config.json")
+    assert config["lr"] == module.Config().lr
+
+
+def check_run_directory(name, algo, module, run_dir, flags):
+    """Everything a small run (2 seeds, no sweep) with these flags must have written."""
     config, summary, metrics, params = load_run(run_dir)
     updates = algo.small_updates
 
     # config.json: the full Config as given on the command line.
     assert set(config) >= {f.name for f in dataclasses.fields(module.Config)}
-    for flag, value in zip(algo.small[::2], algo.small[1::2]):
-        assert str(config[flag[2:].replace("-", "_")]) == value, flag
-    assert config["lr"] == module.Config().lr and config["env_name"] == algo.env
+    for flag, value in zip(flags[::2], flags[1::2], strict=True):
+        assert str(config[flag[2:].replace("-", "_")]) == str(value), flag
+    assert config["env_name"] == algo.env
 
     assert SUMMARY_KEYS <= set(summary), SUMMARY_KEYS - set(summary)
     assert summary["algorithm"] == name and summary["env_name"] == algo.env
@@ -216,8 +228,8 @@ def test_small_run_writes_a_complete_run_directory(name, algo, module, small_run
     assert summary["backend"] == jax.default_backend()  # the child sees the same devices
     # Runs spread over at most one device each; a CPU-only install has one device per core.
     assert len(summary["devices"]) == min(jax.device_count(), SMALL_SEEDS)
-    if module._CPU_ONLY and not USER_SET_CPU_DEVICES:
-        assert jax.device_count() == module._CORES
+    if module.cpu_only() and not USER_SET_CPU_DEVICES:
+        assert jax.device_count() == module.cpu_cores()
     assert {"jax", "flax", "optax", "gymnax", "numpy"} <= set(summary["versions"])
     assert len(summary["final_return_per_seed"]) == SMALL_SEEDS
     for key in ("compile_seconds", "train_seconds", "steps_per_second"):
@@ -294,7 +306,7 @@ def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_scri
     sweep = summary["sweep"]
     assert [point["sweep_point"] for point in sweep] == [{"lr": lr} for lr in SWEEP_LRS]
     finals = module.final_returns(metrics)
-    for point, final in zip(sweep, finals):
+    for point, final in zip(sweep, finals, strict=False):
         np.testing.assert_allclose(floats(point["final_return_per_seed"]), final, rtol=1e-6)
     means = floats([point["final_return_mean"] for point in sweep])
     np.testing.assert_allclose(means, [np.nanmean(f) if not np.isnan(f).all() else np.nan for f in finals],
@@ -321,12 +333,12 @@ def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_scri
     assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3)
 
 
-def test_copied_script_runs_on_its_own(name, copied_script_run):
+def test_copied_script_runs_on_its_own(name, algo, module, copied_script_run):
     proc, workdir = copied_script_run
     assert_ok(proc)
     run_dir = results_dir(proc, workdir)
     assert run_dir.resolve().parent == (workdir / "runs").resolve()  # default --runs-dir, relative to cwd
-    load_run(run_dir)
+    check_run_directory(name, algo, module, run_dir, [*algo.small, "--lr", SWEEP_LRS[1]])
     assert {p.name for p in workdir.iterdir()} == {f"{name}.py", "runs"}
 
 
@@ -366,20 +378,36 @@ COMMON_BAD_INPUTS = {
 }
 
 
-def test_bad_inputs_exit_2_with_one_line(algo, cli, tmp_path):
+def call_main(module, argv, capsys) -> tuple[int, str, str]:
+    """module.main(argv) in this process: (exit status, stdout, stderr). Bad input is refused
+    before anything compiles, so no new process (and no JAX import) is needed to test it."""
+    try:
+        code = module.main([str(a) for a in argv])
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bad_inputs_exit_2_with_one_line(algo, module, tmp_path, capsys):
     cases = {**COMMON_BAD_INPUTS, **algo.bad_inputs,
              "wrong-action-space": (["--env-name", algo.wrong_action_env], "--env-name")}
-    # Each case is its own process, as a user would start it; most of its time is importing jax,
-    # so the cases run one per core at a time.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=CORES) as pool:
-        procs = dict(zip(cases, pool.map(lambda case: cli(*cases[case][0], "--runs-dir", tmp_path / case, timeout=120),
-                                         cases)))
     for case, (args, option) in cases.items():
-        runs_dir, proc = tmp_path / case, procs[case]
-        assert proc.returncode == 2, (case, proc.returncode, proc.stderr)
-        assert "Traceback" not in proc.stderr, (case, proc.stderr)
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1, (case, proc.stderr)
+        runs_dir = tmp_path / case
+        code, out, err = call_main(module, [*args, "--runs-dir", runs_dir], capsys)
+        assert code == 2, (case, code, err)
+        assert "Traceback" not in err, (case, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, (case, err)
         assert option in lines[0], (case, lines[0])
-        assert proc.stdout == "", case
+        assert out == "", case
         assert not runs_dir.exists() or not any(runs_dir.iterdir()), case
+
+
+def test_bad_input_from_the_command_line(algo, cli, tmp_path):
+    """One bad input as a user types it, in a process of its own: exit 2, one line, nothing written."""
+    proc = cli("--env-name", algo.wrong_action_env, "--runs-dir", tmp_path / "runs", timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--env-name" in lines[0], proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from conftest import load_algorithm
 
 OBS_DIM = 3
@@ -161,7 +162,7 @@ def reference_targets(online, target, batch, gamma, double):
 @pytest.fixture(scope="module")
 def q_setup(dqn):
     config = dqn.Config(hidden_sizes="16,8")
-    network = dqn.make_network(config, 3)
+    network = dqn.make_networks(config, 3).q
     online = jax.device_get(network.init(jax.random.PRNGKey(0), jnp.zeros((1, 4))))
     target = jax.device_get(network.init(jax.random.PRNGKey(1), jnp.zeros((1, 4))))
     rng = np.random.default_rng(0)

@@ -3,6 +3,7 @@ tests): each file's default is the run a newcomer starts with `python algorithms
 import jax
 import numpy as np
 import pytest
+
 from conftest import ROOT, load_algorithm
 
 SOLVED = 475.0  # CartPole-v1's own "solved" threshold (episodes are capped at 500)
@@ -46,6 +47,7 @@ TARGETS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", [n for n in TARGETS if (ROOT / "algorithms" / f"{n}.py").exists()])
 def test_default_config_learns_on_every_seed(name):

@@ -25,9 +25,10 @@ import time
 
 import nbformat
 import pytest
-from conftest import ROOT
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+from conftest import ROOT
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
@@ -122,6 +123,7 @@ def assert_animation(cell, where: str) -> None:
             f"{where}: expected an animation (image/gif or HTML), got {sorted(mimetypes(cell))}"
 
 
+@pytest.mark.slow
 @notebook_params
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT)
 def test_notebook_runs_in_smoke_test_mode(path, kernel_env, monkeypatch):

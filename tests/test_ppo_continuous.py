@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TERMINATED, TRUNCATED, load_algorithm
 from flax import serialization
 from test_cli import ALGORITHMS
+
+from conftest import TERMINATED, TRUNCATED, load_algorithm
 
 pc = load_algorithm("ppo_continuous")
 
@@ -32,7 +33,7 @@ SMALL_FLAGS = ["--total-timesteps", "1600", "--num-envs", "4", "--num-steps", "5
 def reference_log_prob(x, mean, log_std):
     """Sum over dimensions of log N(x; m, s^2) = -(x-m)^2 / (2 s^2) - log s - log(2 pi) / 2."""
     total = 0.0
-    for xi, mi, li in zip(x, mean, log_std):
+    for xi, mi, li in zip(x, mean, log_std, strict=False):
         s = math.exp(li)
         total += -(xi - mi) ** 2 / (2 * s * s) - li - 0.5 * math.log(2 * math.pi)
     return total
@@ -82,7 +83,7 @@ def test_squashed_log_prob_is_the_density_of_the_executed_action(low, high):
     np.testing.assert_allclose(action, centre + half * np.tanh(u), rtol=1e-6)
     assert (action > low).all() and (action < high).all()
     log_prob = np.asarray(squash.log_prob(u[:, None], jnp.float32(mean), jnp.array([log_std])))
-    for a, lp in zip(action.astype(np.float64), log_prob):
+    for a, lp in zip(action.astype(np.float64), log_prob, strict=False):
         h = 1e-5 * half
         density = (cdf(a + h) - cdf(a - h)) / (2 * h)
         assert math.exp(lp) == pytest.approx(density, rel=1e-3), a
@@ -204,7 +205,7 @@ def cli_run(tmp_path_factory):
 
 def test_statistics_are_per_feature_and_count_every_step(cli_run):
     config, runner, metrics, _, _ = cli_run
-    obs_dim, steps = 3, config.num_updates * config.batch_size  # Pendulum: cos, sin, angular velocity
+    obs_dim, steps = 3, config.num_updates * config.steps_per_update  # Pendulum: cos, sin, angular velocity
     assert runner.obs_norm.mean.shape == runner.obs_norm.var.shape == (config.num_seeds, obs_dim)
     np.testing.assert_array_equal(runner.obs_norm.count, steps)
     np.testing.assert_array_equal(runner.return_norm.count, steps)

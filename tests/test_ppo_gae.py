@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from conftest import TERMINATED, TRUNCATED, check_bootstrap_at_truncation_only
 
 

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from conftest import TERMINATED, TRUNCATED, load_algorithm
 
 ENV = "CartPole-v1-no-velocity"
@@ -124,7 +125,7 @@ def test_gru_gradient_matches_autodiff(rnn):
     args = (kernel, bias, hidden, gates)
     got = jax.jit(jax.grad(loss(rnn.gru_unroll), argnums=(0, 1, 2, 3)))(*args)
     want = jax.jit(jax.grad(loss(lambda *a: reference_unroll(rnn, *a)), argnums=(0, 1, 2, 3)))(*args)
-    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want):
+    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want, strict=False):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=name)
     # Steps that start an episode pass no gradient to the state before them.
     assert np.abs(np.asarray(got[3])).sum() > 0
@@ -132,7 +133,7 @@ def test_gru_gradient_matches_autodiff(rnn):
     batched = jax.tree.map(lambda x: np.stack([x, 0.5 * x]), args)
     got = jax.jit(jax.vmap(jax.grad(loss(rnn.gru_unroll), argnums=(0, 1, 2, 3))))(*batched)
     want = jax.jit(jax.vmap(jax.grad(loss(lambda *a: reference_unroll(rnn, *a)), argnums=(0, 1, 2, 3))))(*batched)
-    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want):
+    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want, strict=False):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"vmapped {name}")
 
 

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+
 @pytest.fixture(scope="module")
 def name():
     """The algorithm whose small config conftest's config/train/single/batched fixtures build."""

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_algorithm
-from conftest import TERMINATED, TRUNCATED, check_bootstrap_at_truncation_only
+
+from conftest import TERMINATED, TRUNCATED, check_bootstrap_at_truncation_only, load_algorithm
 
 
 @pytest.fixture(scope="module")

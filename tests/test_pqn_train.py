@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from conftest import load_algorithm
+
 
 @pytest.fixture(scope="module")
 def name():
@@ -24,7 +26,7 @@ def pqn():
 def test_epsilon_metric_follows_the_configured_schedule(config, batched):
     """0.9 -> 0.1 over half of the 6 updates (3 updates), then flat: 0.9, 0.633, 0.367, 0.1, 0.1, 0.1."""
     _, metrics = batched
-    decay_updates = config.eps_decay * config.num_updates
+    decay_updates = config.eps_fraction * config.num_updates
     want = [config.eps_start + (config.eps_end - config.eps_start) * min(1.0, u / decay_updates)
             for u in range(config.num_updates)]
     np.testing.assert_allclose(metrics["epsilon"], np.broadcast_to(want, metrics["epsilon"].shape), rtol=1e-6)
@@ -64,5 +66,5 @@ def test_greedy_evaluation_follows_the_q_network(pqn, config):
     params = jax.jit(pqn.make_train(config).init)(jax.random.PRNGKey(0)).params["q"]
     out = params["params"]["Dense_2"]
     params["params"]["Dense_2"] = {"kernel": jnp.zeros_like(out["kernel"]), "bias": jnp.array([0.0, 1.0])}
-    result = float(evaluate(params, jax.random.PRNGKey(1)))
+    result = float(evaluate({"q": params}, jax.random.PRNGKey(1)))
     assert 7 <= result <= 15, result

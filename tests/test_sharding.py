@@ -13,9 +13,12 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from flax import serialization
 from test_cli import ALGORITHMS, _leaves, results_dir
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
 
 # Each file's small command-line run (test_cli.ALGORITHMS), with 3 seeds and 2 sweep points.
 SHARDED = ("--num-seeds", "3", "--sweep", "lr=1e-3,3e-3", "--quiet")
@@ -39,7 +42,7 @@ def runs(request, tmp_path_factory):
 
     # The three processes run side by side: each spends seconds importing and compiling.
     with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
-        procs = dict(zip((1, 2, 4), pool.map(run, (1, 2, 4))))
+        procs = dict(zip((1, 2, 4), pool.map(run, (1, 2, 4)), strict=False))
     out = {"name": name}
     for devices, proc in procs.items():
         if proc is None:

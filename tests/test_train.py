@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, SMALL_TRAIN, load_algorithm
+
+from conftest import ROOT, SMALL_TRAIN, _shared, load_algorithm
 
 # Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
 RTOL, ATOL = 1e-5, 1e-6
@@ -21,12 +22,12 @@ def name(request):
 
 def assert_close(got, want, path=""):
     """Float leaves agree to RTOL/ATOL; integer and bool leaves (counts, keys, flags) exactly."""
-    def check(path, g, w):
-        g, w = np.asarray(g), np.asarray(w)
+    def check(key, g, w):
+        g, w, where = np.asarray(g), np.asarray(w), path + jax.tree_util.keystr(key)
         if g.dtype.kind == "f":
-            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=jax.tree_util.keystr(path))
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=where)
         else:
-            np.testing.assert_array_equal(g, w, err_msg=jax.tree_util.keystr(path))
+            np.testing.assert_array_equal(g, w, err_msg=where)
     jax.tree_util.tree_map_with_path(check, got, want)
 
 
@@ -53,21 +54,69 @@ def test_same_key_same_result(single):
     jax.tree.map(np.testing.assert_array_equal, runner_a, runner_b)
 
 
-def test_sweep_point_equals_run_with_that_config(name, config, keys, single):
-    """vmap over HParams(lr=[other_lr, config.lr]) of a program built for lr=other_lr: the
-    second point must be the run whose Config says lr=config.lr."""
-    module, other_lr = load_algorithm(name), SMALL_TRAIN[name][2]
-    other = dataclasses.replace(config, lr=other_lr)
-    hparams = jax.tree.map(lambda x: jnp.stack([x, x]), module.hparams_from(other))._replace(
-        lr=jnp.array([other_lr, config.lr], jnp.float32))
-    runner, metrics = jax.device_get(jax.jit(jax.vmap(module.make_train(other), in_axes=(None, 0)))(keys[0], hparams))
+# A value for every sweepable field that differs from the small configs' and acts within their few
+# updates (a gradient-norm clip that binds, exploration that changes actions, ...).
+ALTERNATIVE = {"gamma": 0.9, "gae_lambda": 0.5, "q_lambda": 0.3, "clip_eps": 1e-3, "ent_coef": 0.1, "vf_coef": 1.5,
+               "max_grad_norm": 1e-3, "tau": 0.5, "eps_start": 0.5, "eps_end": 0.3, "eps_fraction": 0.9,
+               "reward_scale": 1.0}
 
+
+def sweep_points(module, config, other_lr):
+    """Sweep points of a program built for lr=other_lr: [0] its own values, [1] lr=config.lr
+    (the run of `config`), then one point per other sweepable field with ALTERNATIVE's value."""
+    base = module.hparams_from(dataclasses.replace(config, lr=other_lr))
+    fields = [name for name in module.SWEEPABLE if name != "lr"]
+    for name in fields:
+        assert ALTERNATIVE[name] != getattr(config, name), name
+    points = [base, base._replace(lr=jnp.float32(config.lr))]
+    points += [base._replace(**{name: jnp.float32(ALTERNATIVE[name])}) for name in fields]
+    return fields, jax.tree.map(lambda *x: jnp.stack(x), *points)
+
+
+@pytest.fixture(scope="module")
+def swept(name, config, keys):
+    """jax.vmap over the sweep points of `sweep_points` in one program, all from keys[0]."""
+    def make():
+        module, other_lr = load_algorithm(name), SMALL_TRAIN[name][2]
+        fields, hparams = sweep_points(module, config, other_lr)
+        other = dataclasses.replace(config, lr=other_lr)
+        out = jax.jit(jax.vmap(module.make_train(other), in_axes=(None, 0)))(keys[0], hparams)
+        return fields, jax.device_get(hparams), jax.device_get(out)
+    return _shared(("swept", name), make)
+
+
+def test_sweep_point_equals_run_with_that_config(name, config, single, swept):
+    """The lr point of a program built for another lr is the run whose Config has that lr."""
+    _, hparams, (runner, metrics) = swept
     single_runner, single_metrics = single[0]  # make_train(config)(keys[0])
     assert_close(row(metrics, 1), single_metrics)
     assert_close(row(runner.params, 1), single_runner.params)
-    np.testing.assert_allclose(runner.hparams.lr, [other_lr, config.lr], rtol=1e-7)
+    np.testing.assert_allclose(runner.hparams.lr[:2], [SMALL_TRAIN[name][2], config.lr], rtol=1e-7)
     # The learning rate really is a run-time input: the two points train differently.
     assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3, equal_nan=True)
+
+
+def test_every_sweepable_field_is_read_from_the_run_hyperparameters(name, swept):
+    """Changing one field's value in the sweep changes that run: the program reads it from its
+    HParams, not from the Config it was built with (which would leave the run equal to point 0)."""
+    fields, _, (runner, metrics) = swept
+    base = jax.tree.leaves(row(runner.params, 0))
+    for index, field in enumerate(fields, start=2):
+        changed = jax.tree.leaves(row(runner.params, index))
+        assert any(not np.array_equal(a, b) for a, b in zip(base, changed, strict=True)), \
+            f"sweeping {field} did not change the run: is it read from the Config instead of HParams?"
+
+
+@pytest.mark.slow
+def test_every_sweep_point_equals_the_run_with_that_config(name, config, keys, swept):
+    """Each field's sweep point equals a run whose Config has that value (one program each)."""
+    module, other_lr = load_algorithm(name), SMALL_TRAIN[name][2]
+    fields, _, (runner, metrics) = swept
+    for index, field in enumerate(fields, start=2):
+        alone = dataclasses.replace(config, lr=other_lr, **{field: ALTERNATIVE[field]})
+        want_runner, want_metrics = jax.device_get(jax.jit(module.make_train(alone))(keys[0]))
+        assert_close(row(metrics, index), want_metrics, path=field)
+        assert_close(row(runner.params, index), want_runner.params, path=field)
 
 
 def test_chunked_run_matches_train(train, config, keys, single):
@@ -145,7 +194,8 @@ def test_different_keys_start_and_train_differently(train, keys, single):
     jax.tree.map(np.testing.assert_array_equal, params[0], jax.device_get(init(keys[0]).params))
     # Every leaf drawn at random (not a constant such as a zero bias or a unit LayerNorm scale)
     # differs between keys; vmapped seeds are not one copy broadcast.
-    drawn = [(a, b) for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])) if np.ptp(a) > 0]
+    pairs = zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1]), strict=True)
+    drawn = [(a, b) for a, b in pairs if np.ptp(a) > 0]
     assert drawn
     for a, b in drawn:
         assert not np.array_equal(a, b)
