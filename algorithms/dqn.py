@@ -18,6 +18,7 @@ learning_curve.png into a new directory under --runs-dir. Depends only on jax, f
 optax, gymnax, chex, numpy and matplotlib; copy this file anywhere and it runs. Importing
 it defines things and does nothing else.
 """
+
 import argparse
 import dataclasses
 import io
@@ -76,7 +77,8 @@ class Config:
     eps_end: float = _option(0.05, "exploration rate once the linear decay is over")
     eps_fraction: float = _option(0.5, "fraction of total_timesteps over which epsilon decays")
     activation: str = _option("relu", "hidden activation: relu or tanh")
-    hidden_sizes: str = _option("120,84", "units of each hidden layer of the Q-network, comma separated")
+    hidden_size: int = _option(128, "units per hidden layer of the Q-network")
+    num_layers: int = _option(2, "hidden layers of the Q-network")
     eval_episodes: int = _option(16, "greedy evaluation episodes per run after training")
     seed: int = _option(0, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]")
     num_seeds: int = _option(8, "independent runs trained side by side (vmapped)")
@@ -90,13 +92,10 @@ class Config:
     def num_updates(self) -> int:
         return self.total_timesteps // self.steps_per_update
 
-    @property
-    def layers(self) -> tuple[int, ...]:
-        return tuple(int(size) for size in self.hidden_sizes.split(","))
-
 
 class HParams(NamedTuple):
     """Float hyperparameters that may differ between the runs of one compiled program (--sweep)."""
+
     lr: jax.Array
     gamma: jax.Array
     tau: jax.Array
@@ -121,8 +120,19 @@ def hparams_from(config: Config) -> HParams:
 
 def validate(config: Config) -> None:
     """Refuse a config that cannot run, naming the option and what is allowed."""
-    for name in ("total_timesteps", "num_envs", "num_steps", "buffer_size", "batch_size", "train_frequency",
-                 "target_update_frequency", "eval_episodes", "num_seeds"):
+    for name in (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "buffer_size",
+        "batch_size",
+        "train_frequency",
+        "target_update_frequency",
+        "hidden_size",
+        "num_layers",
+        "eval_episodes",
+        "num_seeds",
+    ):
         if getattr(config, name) <= 0:
             raise ConfigError(f"--{_flag(name)} must be a positive integer, got {getattr(config, name)}")
     if config.learning_starts < 0:
@@ -132,19 +142,16 @@ def validate(config: Config) -> None:
         raise ConfigError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {config.activation!r}")
     if config.loss not in LOSSES:
         raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {config.loss!r}")
-    try:
-        layers = config.layers
-    except ValueError:
-        layers = ()
-    if not layers or min(layers) <= 0:
-        raise ConfigError(f"--hidden-sizes must be positive integers separated by commas, got {config.hidden_sizes!r}")
     if config.buffer_size < config.num_envs:
-        raise ConfigError(f"--buffer-size {config.buffer_size} must be at least num_envs = {config.num_envs} "
-                          "(every env step writes num_envs transitions at once)")
+        raise ConfigError(
+            f"--buffer-size {config.buffer_size} must be at least num_envs = {config.num_envs} "
+            "(every env step writes num_envs transitions at once)"
+        )
     if config.total_timesteps < config.steps_per_update:
         raise ConfigError(
             f"--total-timesteps {config.total_timesteps} is less than one update "
-            f"(num_envs * num_steps = {config.steps_per_update})")
+            f"(num_envs * num_steps = {config.steps_per_update})"
+        )
     make_env(config.env_name)  # unknown or continuous-action environments
     check_resources(config, config.num_seeds)
     for name in ("total_timesteps", "buffer_size", "learning_starts", "train_frequency", "target_update_frequency"):
@@ -211,7 +218,8 @@ def check_resources(config: Config, num_runs: int) -> None:
         raise ConfigError(
             f"--buffer-size {config.buffer_size}: the replay buffers need {_bytes(needed)} ({num_runs} run(s) x "
             f"{config.buffer_size:,} transitions x {per_transition} B) but only {_bytes(available)} of {where} "
-            "memory is available; use a smaller --buffer-size or fewer seeds / sweep points")
+            "memory is available; use a smaller --buffer-size or fewer seeds / sweep points"
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -220,32 +228,36 @@ def check_resources(config: Config, num_runs: int) -> None:
 def make_env(env_name: str):
     """gymnax.make with errors a user can act on; only discrete action spaces."""
     import gymnax
+
     if env_name not in gymnax.registered_envs:
-        raise ConfigError(f"--env-name {env_name!r} is not a gymnax environment; choose one of: "
-                          + ", ".join(gymnax.registered_envs))
+        raise ConfigError(
+            f"--env-name {env_name!r} is not a gymnax environment; choose one of: " + ", ".join(gymnax.registered_envs)
+        )
     try:
         env, env_params = gymnax.make(env_name)
     except Exception as error:  # e.g. MNISTBandit downloads its data set
         raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
     if not isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete):
-        raise ConfigError(f"--env-name {env_name} has a continuous (Box) action space; {ALGORITHM}.py "
-                          "needs a discrete one")
+        raise ConfigError(
+            f"--env-name {env_name} has a continuous (Box) action space; {ALGORITHM}.py needs a discrete one"
+        )
     return env, env_params
 
 
 class EnvStep(NamedTuple):
-    obs: jax.Array          # [num_envs, obs_dim] after auto-reset
+    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
     state: Any
-    reward: jax.Array       # [num_envs] float32
-    terminated: jax.Array   # [num_envs] bool: the episode reached a terminal state
-    truncated: jax.Array    # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array    # [num_envs, obs_dim] the true next observation, before auto-reset
+    reward: jax.Array  # [num_envs] float32
+    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
+    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
+    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
 
 
 class StepNoise(NamedTuple):
     """Everything random that one env step consumes, drawn ahead for a whole rollout."""
-    key: jax.Array          # [num_envs] keys for the transition itself
-    reset_obs: Any          # [num_envs, ...] a fresh episode's first observation (None: env resets itself)
+
+    key: jax.Array  # [num_envs] keys for the transition itself
+    reset_obs: Any  # [num_envs, ...] a fresh episode's first observation (None: env resets itself)
     reset_state: Any
 
 
@@ -261,6 +273,7 @@ class VecEnv:
 
     def __init__(self, env_name: str, num_envs: int):
         from gymnax.environments.environment import Environment
+
         self.env, self.params = make_env(env_name)
         self.num_envs = num_envs
         self.obs_shape = tuple(self.env.observation_space(self.params).shape)
@@ -270,7 +283,7 @@ class VecEnv:
         self.stock_step = type(self.env).step is Environment.step
 
     def _flat(self, obs: jax.Array) -> jax.Array:
-        batch_shape = obs.shape[:obs.ndim - len(self.obs_shape)]
+        batch_shape = obs.shape[: obs.ndim - len(self.obs_shape)]
         return obs.reshape(*batch_shape, self.obs_dim).astype(jnp.float32)
 
     def reset(self, key: jax.Array):
@@ -288,27 +301,40 @@ class VecEnv:
 
     def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
         if not self.stock_step:
-            obs, state, reward, terminated, truncated, info = jax.vmap(
-                self.env.step, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
-            return EnvStep(obs=self._flat(obs), state=state, reward=reward.astype(jnp.float32),
-                           terminated=terminated, truncated=truncated,
-                           final_obs=self._flat(info["final_observation"]))
-        obs, state, reward, terminated, _ = jax.vmap(
-            self.env.step_env, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
+            obs, state, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+                noise.key, state, action, self.params
+            )
+            return EnvStep(
+                obs=self._flat(obs),
+                state=state,
+                reward=reward.astype(jnp.float32),
+                terminated=terminated,
+                truncated=truncated,
+                final_obs=self._flat(info["final_observation"]),
+            )
+        obs, state, reward, terminated, _ = jax.vmap(self.env.step_env, in_axes=(0, 0, 0, None))(
+            noise.key, state, action, self.params
+        )
         truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(state, self.params)
         done = terminated | truncated
         final_obs = self._flat(obs)
         select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
-        return EnvStep(obs=select(done, noise.reset_obs, final_obs), state=select(done, noise.reset_state, state),
-                       reward=reward.astype(jnp.float32), terminated=terminated, truncated=truncated,
-                       final_obs=final_obs)
+        return EnvStep(
+            obs=select(done, noise.reset_obs, final_obs),
+            state=select(done, noise.reset_state, state),
+            reward=reward.astype(jnp.float32),
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final_obs,
+        )
 
 
 class EpisodeStats(NamedTuple):
     """Totals over the episodes that ended during one update; their means are the logged metrics."""
-    finished: jax.Array     # int32: episodes that ended
-    return_sum: jax.Array   # float32: their returns, summed
-    length_sum: jax.Array   # int32: their lengths, summed
+
+    finished: jax.Array  # int32: episodes that ended
+    return_sum: jax.Array  # float32: their returns, summed
+    length_sum: jax.Array  # int32: their lengths, summed
 
     @classmethod
     def zero(cls) -> "EpisodeStats":
@@ -316,16 +342,21 @@ class EpisodeStats(NamedTuple):
 
     def add(self, done: jax.Array, episode_return: jax.Array, episode_length: jax.Array) -> "EpisodeStats":
         """Counts the episodes that end where `done`, with their returns and lengths so far."""
-        return EpisodeStats(finished=self.finished + done.sum(),
-                            return_sum=self.return_sum + jnp.where(done, episode_return, 0.0).sum(),
-                            length_sum=self.length_sum + jnp.where(done, episode_length, 0).sum())
+        return EpisodeStats(
+            finished=self.finished + done.sum(),
+            return_sum=self.return_sum + jnp.where(done, episode_return, 0.0).sum(),
+            length_sum=self.length_sum + jnp.where(done, episode_length, 0).sum(),
+        )
 
     def metrics(self) -> dict:
         """Mean return and length of the episodes that ended: NaN when none did, never a stale or
         zero-filled value."""
         mean = lambda total: jnp.where(self.finished > 0, total / jnp.maximum(self.finished, 1), jnp.nan)  # noqa: E731
-        return {"episode_return": mean(self.return_sum), "episode_length": mean(self.length_sum),
-                "episodes_finished": self.finished}
+        return {
+            "episode_return": mean(self.return_sum),
+            "episode_length": mean(self.length_sum),
+            "episodes_finished": self.finished,
+        }
 
 
 # --------------------------------------------------------------------------------------
@@ -333,49 +364,60 @@ class EpisodeStats(NamedTuple):
 # --------------------------------------------------------------------------------------
 class QNetwork(nn.Module):
     """MLP from a flat observation to one Q-value per action."""
+
     num_actions: int
-    layers: tuple[int, ...]
+    hidden_size: int
+    num_layers: int
     activation: str
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATIONS[self.activation]
-        for size in self.layers:
-            x = act(nn.Dense(size)(x))
+        for _ in range(self.num_layers):
+            x = act(nn.Dense(self.hidden_size)(x))
         return nn.Dense(self.num_actions)(x)
 
 
 class Networks(NamedTuple):
-    q: nn.Module            # obs -> [num_actions] Q-values; its parameters are params["q"] (and the target's)
+    q: nn.Module  # obs -> [num_actions] Q-values; its parameters are params["q"] (and the target's)
 
 
 def make_networks(config: Config, num_actions: int) -> Networks:
-    return Networks(q=QNetwork(num_actions, config.layers, config.activation))
+    return Networks(
+        q=QNetwork(
+            num_actions, hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation
+        )
+    )
 
 
 # --------------------------------------------------------------------------------------
 # Replay buffer
 # --------------------------------------------------------------------------------------
 class Transition(NamedTuple):
-    obs: jax.Array          # [..., obs_dim]
-    action: jax.Array       # [...] int32
-    reward: jax.Array       # [...] float32
-    terminated: jax.Array   # [...] bool: a terminal state; a time-limit truncation is not one
-    final_obs: jax.Array    # [..., obs_dim] the true next observation (before auto-reset)
+    obs: jax.Array  # [..., obs_dim]
+    action: jax.Array  # [...] int32
+    reward: jax.Array  # [...] float32
+    terminated: jax.Array  # [...] bool: a terminal state; a time-limit truncation is not one
+    final_obs: jax.Array  # [..., obs_dim] the true next observation (before auto-reset)
 
 
 class ReplayBuffer(NamedTuple):
     """A circular store of one run's transitions. Slots [0, size) are filled; `position` is
     where the next transition goes. Under vmap every seed has its own buffer."""
-    data: Transition        # every field [capacity, ...]
-    position: jax.Array     # int32
-    size: jax.Array         # int32, at most capacity
+
+    data: Transition  # every field [capacity, ...]
+    position: jax.Array  # int32
+    size: jax.Array  # int32, at most capacity
 
 
 def buffer_init(capacity: int, obs_dim: int) -> ReplayBuffer:
-    data = Transition(obs=jnp.zeros((capacity, obs_dim), jnp.float32), action=jnp.zeros(capacity, jnp.int32),
-                      reward=jnp.zeros(capacity, jnp.float32), terminated=jnp.zeros(capacity, bool),
-                      final_obs=jnp.zeros((capacity, obs_dim), jnp.float32))
+    data = Transition(
+        obs=jnp.zeros((capacity, obs_dim), jnp.float32),
+        action=jnp.zeros(capacity, jnp.int32),
+        reward=jnp.zeros(capacity, jnp.float32),
+        terminated=jnp.zeros(capacity, bool),
+        final_obs=jnp.zeros((capacity, obs_dim), jnp.float32),
+    )
     return ReplayBuffer(data=data, position=jnp.int32(0), size=jnp.int32(0))
 
 
@@ -383,10 +425,14 @@ def buffer_add(buffer: ReplayBuffer, batch: Transition) -> ReplayBuffer:
     """Writes a batch of n <= capacity transitions at `position`, wrapping around the end."""
     capacity, n = buffer.data.action.shape[0], batch.action.shape[0]
     slots = (buffer.position + jnp.arange(n, dtype=jnp.int32)) % capacity
-    data = jax.tree.map(lambda store, x: store.at[slots].set(x.astype(store.dtype), unique_indices=True,
-                                                             mode="promise_in_bounds"), buffer.data, batch)
-    return ReplayBuffer(data=data, position=(buffer.position + n) % capacity,
-                        size=jnp.minimum(buffer.size + n, capacity))
+    data = jax.tree.map(
+        lambda store, x: store.at[slots].set(x.astype(store.dtype), unique_indices=True, mode="promise_in_bounds"),
+        buffer.data,
+        batch,
+    )
+    return ReplayBuffer(
+        data=data, position=(buffer.position + n) % capacity, size=jnp.minimum(buffer.size + n, capacity)
+    )
 
 
 def buffer_sample(buffer: ReplayBuffer, bits: jax.Array) -> Transition:
@@ -414,9 +460,10 @@ def buffer_sample(buffer: ReplayBuffer, bits: jax.Array) -> Transition:
 # --------------------------------------------------------------------------------------
 class Runner(NamedTuple):
     """Everything one run carries from update to update."""
-    params: Any                # {"q": online Q-network parameters}
-    target_params: Any         # {"q": target network parameters}
-    opt_state: Any             # Adam state over the flattened parameter vector
+
+    params: Any  # {"q": online Q-network parameters}
+    target_params: Any  # {"q": target network parameters}
+    opt_state: Any  # Adam state over the flattened parameter vector
     buffer: ReplayBuffer
     env_state: Any
     obs: jax.Array
@@ -428,6 +475,7 @@ class Runner(NamedTuple):
 
 class LossSums(NamedTuple):
     """Sums over the gradient steps of one update; divided by their count, the logged metrics."""
+
     loss: jax.Array
     q_mean: jax.Array
     grad_norm: jax.Array
@@ -435,14 +483,16 @@ class LossSums(NamedTuple):
 
 class Learner(NamedTuple):
     """What gradient steps change, as flat parameter vectors (see make_train)."""
-    params: jax.Array          # online Q-network
-    target: jax.Array          # target network
+
+    params: jax.Array  # online Q-network
+    target: jax.Array  # target network
     opt_state: Any
     sums: LossSums
 
 
 class Acting(NamedTuple):
     """What an update carries from one vectorized env step to the next."""
+
     learner: Learner
     buffer: ReplayBuffer
     env_state: Any
@@ -465,6 +515,12 @@ def total_gradient_steps(config: Config) -> int:
     return max(0, trained // config.train_frequency - config.learning_starts // config.train_frequency)
 
 
+def polyak_update(online: jax.Array, target: jax.Array, tau: jax.Array, count: jax.Array) -> jax.Array:
+    """`count` Polyak updates target <- tau * online + (1 - tau) * target in a row with the same
+    online parameters, in closed form: online + (1 - tau)^count * (target - online). tau = 1 copies."""
+    return online + (1.0 - tau) ** jnp.asarray(count, jnp.float32) * (target - online)
+
+
 def epsilon(config: Config, hparams: HParams, env_steps: jax.Array) -> jax.Array:
     """Linear decay from eps_start to eps_end over eps_fraction of total_timesteps, then flat."""
     decay_steps = jnp.maximum(hparams.eps_fraction * config.total_timesteps, 1.0)
@@ -480,6 +536,7 @@ def make_td_loss(config: Config, network: nn.Module) -> Callable:
     true next observation, so a time-limit truncation bootstraps from the state it cut off;
     only `terminated` zeroes the bootstrap. aux holds the taken actions' Q-values and targets.
     """
+
     def td_loss(params, target_params, batch: Transition, gamma: jax.Array):
         next_q_target = network.apply(target_params, batch.final_obs)
         if config.double_dqn:
@@ -540,17 +597,29 @@ def make_train(config: Config) -> Callable:
         params = init_params(params_key)
         obs, env_state = env.reset(env_key)
         opt_state = make_optimizer(config, hparams).init(ravel_pytree(params)[0])
-        return Runner(params=params, target_params=params, opt_state=opt_state,
-                      buffer=buffer_init(config.buffer_size, env.obs_dim), env_state=env_state, obs=obs,
-                      episode_return=jnp.zeros(N), episode_length=jnp.zeros(N, jnp.int32), rng=rng, hparams=hparams)
+        return Runner(
+            params=params,
+            target_params=params,
+            opt_state=opt_state,
+            buffer=buffer_init(config.buffer_size, env.obs_dim),
+            env_state=env_state,
+            obs=obs,
+            episode_return=jnp.zeros(N),
+            episode_length=jnp.zeros(N, jnp.int32),
+            rng=rng,
+            hparams=hparams,
+        )
 
     def gradient_step(learner: Learner, buffer: ReplayBuffer, bits: jax.Array, hp: HParams) -> Learner:
         """One Adam step on a batch drawn from the buffer with the random `bits`."""
         batch = buffer_sample(buffer, bits)
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(learner.params, learner.target, batch, hp.gamma)
         updates, opt_state = make_optimizer(config, hp).update(grads, learner.opt_state)
-        sums = LossSums(loss=learner.sums.loss + loss, q_mean=learner.sums.q_mean + aux["q"].mean(),
-                        grad_norm=learner.sums.grad_norm + jnp.linalg.norm(grads))
+        sums = LossSums(
+            loss=learner.sums.loss + loss,
+            q_mean=learner.sums.q_mean + aux["q"].mean(),
+            grad_norm=learner.sums.grad_norm + jnp.linalg.norm(grads),
+        )
         return Learner(params=learner.params + updates, target=learner.target, opt_state=opt_state, sums=sums)
 
     def learn(learner: Learner, buffer: ReplayBuffer, before: jax.Array, sample_bits: jax.Array, hp: HParams):
@@ -559,16 +628,17 @@ def make_train(config: Config) -> Callable:
         the schedule. Returns (learner, gradient steps taken, target updates made)."""
         num_grad = interval_crossings(before, N, config.train_frequency, config.learning_starts)
         if max_grad_steps == 1:
-            learner = jax.lax.cond(num_grad > 0, lambda c: gradient_step(c, buffer, sample_bits[0], hp),
-                                   lambda c: c, learner)
+            learner = jax.lax.cond(
+                num_grad > 0, lambda c: gradient_step(c, buffer, sample_bits[0], hp), lambda c: c, learner
+            )
         else:
-            learner = jax.lax.fori_loop(0, num_grad, lambda i, c: gradient_step(c, buffer, sample_bits[i], hp),
-                                        learner)
+            learner = jax.lax.fori_loop(0, num_grad, lambda i, c: gradient_step(c, buffer, sample_bits[i], hp), learner)
         num_target = interval_crossings(before, N, config.target_update_frequency, config.learning_starts)
-        # k Polyak updates in a row with the same online params, in closed form (tau = 1: a copy).
-        decay = (1.0 - hp.tau) ** num_target.astype(jnp.float32)
-        target = jax.lax.cond(num_target > 0, lambda: learner.params + decay * (learner.target - learner.params),
-                              lambda: learner.target)
+        target = jax.lax.cond(
+            num_target > 0,
+            lambda: polyak_update(learner.params, learner.target, hp.tau, num_target),
+            lambda: learner.target,
+        )
         return learner._replace(target=target), num_grad, num_target
 
     def update(runner: Runner, update_index: jax.Array):
@@ -582,29 +652,54 @@ def make_train(config: Config) -> Callable:
             q = network.apply(unravel(carry.learner.params)["q"], carry.obs)
             action = jnp.where(explore < eps, random_action, jnp.argmax(q, -1))
             step = env.step(env_noise, carry.env_state, action)
-            buffer = buffer_add(carry.buffer, Transition(obs=carry.obs, action=action, reward=step.reward,
-                                                         terminated=step.terminated, final_obs=step.final_obs))
+            buffer = buffer_add(
+                carry.buffer,
+                Transition(
+                    obs=carry.obs,
+                    action=action,
+                    reward=step.reward,
+                    terminated=step.terminated,
+                    final_obs=step.final_obs,
+                ),
+            )
             done = step.terminated | step.truncated
             episode_return, episode_length = carry.episode_return + step.reward, carry.episode_length + 1
             learner, num_grad, num_target = learn(carry.learner, buffer, before, sample_bits, hp)
-            return Acting(learner=learner, buffer=buffer, env_state=step.state, obs=step.obs,
-                          episode_return=jnp.where(done, 0.0, episode_return),
-                          episode_length=jnp.where(done, 0, episode_length),
-                          stats=carry.stats.add(done, episode_return, episode_length)), (num_grad, num_target, eps)
+            return Acting(
+                learner=learner,
+                buffer=buffer,
+                env_state=step.state,
+                obs=step.obs,
+                episode_return=jnp.where(done, 0.0, episode_return),
+                episode_length=jnp.where(done, 0, episode_length),
+                stats=carry.stats.add(done, episode_return, episode_length),
+            ), (num_grad, num_target, eps)
 
         # All randomness of the update is drawn here in a few batched calls, not step by step.
         rng, explore_key, action_key, sample_key, env_key = jax.random.split(runner.rng, 5)
-        inputs = (jnp.arange(T, dtype=jnp.int32),
-                  jax.random.uniform(explore_key, (T, N)),
-                  jax.random.randint(action_key, (T, N), 0, env.num_actions),
-                  jax.random.bits(sample_key, (T, max_grad_steps, B + 1), jnp.uint32),
-                  env.presample(env_key, T))
+        inputs = (
+            jnp.arange(T, dtype=jnp.int32),
+            jax.random.uniform(explore_key, (T, N)),
+            jax.random.randint(action_key, (T, N), 0, env.num_actions),
+            jax.random.bits(sample_key, (T, max_grad_steps, B + 1), jnp.uint32),
+            env.presample(env_key, T),
+        )
         no_sums = LossSums(loss=jnp.float32(0), q_mean=jnp.float32(0), grad_norm=jnp.float32(0))
-        learner = Learner(params=ravel_pytree(runner.params)[0], target=ravel_pytree(runner.target_params)[0],
-                          opt_state=runner.opt_state, sums=no_sums)
-        start = Acting(learner=learner, buffer=runner.buffer, env_state=runner.env_state, obs=runner.obs,
-                       episode_return=runner.episode_return, episode_length=runner.episode_length,
-                       stats=EpisodeStats.zero())
+        learner = Learner(
+            params=ravel_pytree(runner.params)[0],
+            target=ravel_pytree(runner.target_params)[0],
+            opt_state=runner.opt_state,
+            sums=no_sums,
+        )
+        start = Acting(
+            learner=learner,
+            buffer=runner.buffer,
+            env_state=runner.env_state,
+            obs=runner.obs,
+            episode_return=runner.episode_return,
+            episode_length=runner.episode_length,
+            stats=EpisodeStats.zero(),
+        )
         acting, (num_grad, num_target, eps) = jax.lax.scan(env_step, start, inputs)
         learner = acting.learner
 
@@ -622,10 +717,18 @@ def make_train(config: Config) -> Callable:
             "target_updates": num_target.sum(),
             "finite": (jnp.isfinite(jnp.stack(learner.sums)).all() & jnp.isfinite(learner.params).all()),
         }
-        runner = Runner(params=unravel(learner.params), target_params=unravel(learner.target),
-                        opt_state=learner.opt_state, buffer=acting.buffer, env_state=acting.env_state, obs=acting.obs,
-                        episode_return=acting.episode_return, episode_length=acting.episode_length, rng=rng,
-                        hparams=hp)
+        runner = Runner(
+            params=unravel(learner.params),
+            target_params=unravel(learner.target),
+            opt_state=learner.opt_state,
+            buffer=acting.buffer,
+            env_state=acting.env_state,
+            obs=acting.obs,
+            episode_return=acting.episode_return,
+            episode_length=acting.episode_length,
+            rng=rng,
+            hparams=hp,
+        )
         return runner, metrics
 
     def run(runner: Runner, first_update: jax.Array, num_updates: int):
@@ -635,6 +738,7 @@ def make_train(config: Config) -> Callable:
         def step(runner, index):
             def skip(runner, index):
                 return runner, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
+
             return jax.lax.cond(index < config.num_updates, update, skip, runner, index)
 
         return jax.lax.scan(step, runner, first_update + jnp.arange(num_updates, dtype=jnp.int32))
@@ -656,12 +760,13 @@ def saved_params(runner: Runner) -> dict:
 
 class Evaluating(NamedTuple):
     """What the evaluation loop carries from one env step to the next."""
+
     env_state: Any
     obs: jax.Array
-    total: jax.Array        # [episodes] return so far
-    alive: jax.Array        # [episodes] bool: the episode has not ended yet
+    total: jax.Array  # [episodes] return so far
+    alive: jax.Array  # [episodes] bool: the episode has not ended yet
     rng: jax.Array
-    t: jax.Array            # env steps taken
+    t: jax.Array  # env steps taken
 
 
 def make_evaluate(config: Config) -> Callable:
@@ -683,12 +788,23 @@ def make_evaluate(config: Config) -> Callable:
             noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
             action = jnp.argmax(networks.q.apply(params["q"], carry.obs), -1)
             step = env.step(noise, carry.env_state, action)
-            return Evaluating(env_state=step.state, obs=step.obs,
-                              total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
-                              alive=carry.alive & ~(step.terminated | step.truncated), rng=rng, t=carry.t + 1)
+            return Evaluating(
+                env_state=step.state,
+                obs=step.obs,
+                total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
+                alive=carry.alive & ~(step.terminated | step.truncated),
+                rng=rng,
+                t=carry.t + 1,
+            )
 
-        start = Evaluating(env_state=env_state, obs=obs, total=jnp.zeros(env.num_envs),
-                           alive=jnp.ones(env.num_envs, bool), rng=rng, t=0)
+        start = Evaluating(
+            env_state=env_state,
+            obs=obs,
+            total=jnp.zeros(env.num_envs),
+            alive=jnp.ones(env.num_envs, bool),
+            rng=rng,
+            t=0,
+        )
         return jax.lax.while_loop(running, env_step, start).total.mean()
 
     return evaluate
@@ -720,12 +836,16 @@ def configure_xla() -> None:
     """
     try:
         from jax._src import xla_bridge  # JAX has no public way to ask whether its backend started
+
         started = xla_bridge.backends_are_initialized()
     except (ImportError, AttributeError):
         started = False
     if started:
-        warnings.warn("configure_xla(): JAX's backend has already started, so XLA flags can no longer "
-                      "take effect; call it before the first JAX computation", stacklevel=2)
+        warnings.warn(
+            "configure_xla(): JAX's backend has already started, so XLA flags can no longer "
+            "take effect; call it before the first JAX computation",
+            stacklevel=2,
+        )
         return
     flags = {"xla_cpu_enable_concurrency_optimized_scheduler": "false"}
     if cpu_only():
@@ -764,23 +884,40 @@ def program_name() -> str:
 
 def parse_args(argv: Sequence[str] | None = None):
     """(Config, sweep {field: values}, the other options) from the command line."""
-    parser = _Parser(prog=program_name(), description=__doc__.split("\n\n")[0],
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _Parser(
+        prog=program_name(),
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     for field in dataclasses.fields(Config):
         flag = "--" + _flag(field.name)
         if field.type is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
-                                help=field.metadata["doc"])
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=field.default, help=field.metadata["doc"]
+            )
         else:
-            parser.add_argument(flag, type=_integer if field.type is int else field.type, default=field.default,
-                                metavar=field.type.__name__.upper(), help=field.metadata["doc"])
-    parser.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2,...",
-                        help=f"train every value in one compiled program (repeat for a grid); FIELD is one "
-                             f"of {', '.join(map(_flag, SWEEPABLE))}")
+            parser.add_argument(
+                flag,
+                type=_integer if field.type is int else field.type,
+                default=field.default,
+                metavar=field.type.__name__.upper(),
+                help=field.metadata["doc"],
+            )
+    parser.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2,...",
+        help=f"train every value in one compiled program (repeat for a grid); FIELD is one "
+        f"of {', '.join(map(_flag, SWEEPABLE))}",
+    )
     parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
-    parser.add_argument("--compile-cache", action=argparse.BooleanOptionalAction, default=True,
-                        help="JAX persistent compilation cache (JAX_COMPILATION_CACHE_DIR, else "
-                             "~/.cache/jax_rl_compile)")
+    parser.add_argument(
+        "--compile-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="JAX persistent compilation cache (JAX_COMPILATION_CACHE_DIR, else ~/.cache/jax_rl_compile)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only the results directory")
     args = parser.parse_args(argv)
     config = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
@@ -807,8 +944,9 @@ def parse_sweep(specs: Sequence[str]) -> dict:
         if name in sweep:
             raise ConfigError(f"--sweep {spec!r}: {_flag(name)} is swept twice; give all its values in one flag")
         if not sep or name not in SWEEPABLE:
-            raise ConfigError(f"--sweep {spec!r}: expected FIELD=V1,V2,... with FIELD one of "
-                              + ", ".join(map(_flag, SWEEPABLE)))
+            raise ConfigError(
+                f"--sweep {spec!r}: expected FIELD=V1,V2,... with FIELD one of " + ", ".join(map(_flag, SWEEPABLE))
+            )
         try:
             sweep[name] = [float(v) for v in values.split(",")]
         except ValueError:
@@ -854,6 +992,7 @@ def gather_runs(tree, shape: tuple):
     """Host copies of run-axis arrays, padding dropped, runs laid out as `shape` ([points, seeds])."""
     if jax.process_count() > 1:  # every host holds only its devices' runs
         from jax.experimental import multihost_utils
+
         tree = multihost_utils.process_allgather(tree, tiled=True)
     size = int(np.prod(shape))
     return jax.tree.map(lambda x: np.asarray(x)[:size].reshape(*shape, *np.shape(x)[1:]), tree)
@@ -862,11 +1001,12 @@ def gather_runs(tree, shape: tuple):
 class RunPlan(NamedTuple):
     """Every run of one command: [sweep point, seed] flattened into one leading run axis (every
     point trains the same seeds), padded to a multiple of the device count."""
-    points: list              # the sweep points, {field: value} each; [{}] without --sweep
+
+    points: list  # the sweep points, {field: value} each; [{}] without --sweep
     num_seeds: int
-    keys: np.ndarray          # [padded runs, 2] training keys
-    hparams: HParams          # [padded runs] each run's hyperparameters
-    eval_keys: np.ndarray     # [padded runs, 2] evaluation keys
+    keys: np.ndarray  # [padded runs, 2] training keys
+    hparams: HParams  # [padded runs] each run's hyperparameters
+    eval_keys: np.ndarray  # [padded runs, 2] evaluation keys
     sharding: jax.sharding.NamedSharding
 
     @property
@@ -882,19 +1022,23 @@ def plan_runs(config: Config, points: list[dict]) -> RunPlan:
     num_runs = len(points) * config.num_seeds
     seed_keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
     eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    values = np.array([[point.get(name, getattr(config, name)) for name in SWEEPABLE] for point in points],
-                      np.float32)
+    values = np.array([[point.get(name, getattr(config, name)) for name in SWEEPABLE] for point in points], np.float32)
     hparams = HParams(*np.repeat(values, config.num_seeds, axis=0).T)
     every_point = lambda keys: np.tile(keys, (len(points), 1))  # noqa: E731
-    return RunPlan(points=points, num_seeds=config.num_seeds, keys=pad_runs(every_point(seed_keys), num_runs),
-                   hparams=pad_runs(hparams, num_runs), eval_keys=pad_runs(every_point(eval_keys), num_runs),
-                   sharding=runs_sharding(num_runs))
+    return RunPlan(
+        points=points,
+        num_seeds=config.num_seeds,
+        keys=pad_runs(every_point(seed_keys), num_runs),
+        hparams=pad_runs(hparams, num_runs),
+        eval_keys=pad_runs(every_point(eval_keys), num_runs),
+        sharding=runs_sharding(num_runs),
+    )
 
 
 class Programs(NamedTuple):
-    run: Callable             # (runners, first update) -> (runners, metrics of `chunk` updates), compiled
-    evaluate: Callable        # (saved params, keys) -> mean greedy return of every run
-    chunk: int                # updates per call of `run`
+    run: Callable  # (runners, first update) -> (runners, metrics of `chunk` updates), compiled
+    evaluate: Callable  # (saved params, keys) -> mean greedy return of every run
+    chunk: int  # updates per call of `run`
 
 
 def compile_programs(config: Config, plan: RunPlan):
@@ -905,8 +1049,11 @@ def compile_programs(config: Config, plan: RunPlan):
     runner = jax.device_put(jax.jit(jax.vmap(train.init))(plan.keys, plan.hparams), plan.sharding)
     chunk = max(1, math.ceil(config.num_updates / 10))  # ~10 progress reports
     # The runners are donated: each chunk updates them (replay buffers included) in place.
-    run = jax.jit(jax.vmap(lambda runner, first: train.run(runner, first, chunk), (0, None)),
-                  out_shardings=plan.sharding, donate_argnums=0)
+    run = jax.jit(
+        jax.vmap(lambda runner, first: train.run(runner, first, chunk), (0, None)),
+        out_shardings=plan.sharding,
+        donate_argnums=0,
+    )
     evaluate = jax.jit(jax.vmap(make_evaluate(config)), out_shardings=plan.sharding)
     run = run.lower(runner, jnp.int32(0)).compile()
     jax.block_until_ready(runner)
@@ -920,6 +1067,7 @@ def compile_programs(config: Config, plan: RunPlan):
 class TrainingLog:
     """What has reached the host so far: each finished chunk's metrics ([points, seeds, updates]
     per name) and when it finished (seconds since training began)."""
+
     chunks: list = dataclasses.field(default_factory=list)
     chunk_ends: list = dataclasses.field(default_factory=list)
 
@@ -953,8 +1101,9 @@ def train_in_chunks(config: Config, plan: RunPlan, programs: Programs, runner, l
     return runner
 
 
-def record_chunk(config: Config, plan: RunPlan, log: TrainingLog, first: int, metrics: dict, start: float,
-                 say: Callable) -> None:
+def record_chunk(
+    config: Config, plan: RunPlan, log: TrainingLog, first: int, metrics: dict, start: float, say: Callable
+) -> None:
     """Brings a chunk's metrics to the host (waiting for it to finish), logs and reports it;
     updates past the config's end, which the last chunk skips, are dropped."""
     updates = min(config.num_updates - first, metrics["episode_return"].shape[-1])
@@ -964,8 +1113,10 @@ def record_chunk(config: Config, plan: RunPlan, log: TrainingLog, first: int, me
     log.chunk_ends.append(seconds)
     done = first + updates
     steps = done * config.steps_per_update
-    say(f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
-        f"return {_nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s")
+    say(
+        f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
+        f"return {_nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s"
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -995,6 +1146,7 @@ def _number(x) -> float | None:
 
 def package_versions() -> dict:
     from importlib import metadata
+
     versions = {"python": sys.version.split()[0]}
     for name in ("jax", "jaxlib", "flax", "optax", "gymnax", "chex", "numpy"):
         try:
@@ -1014,20 +1166,31 @@ def summarise(config: Config, plan: RunPlan, metrics: dict, eval_returns: np.nda
     per_point = []
     for index, point in enumerate(plan.points):
         final = finals[index]
-        per_point.append({"sweep_point": point, "final_return_mean": _number(_nanmean(final)),
-                          "final_return_std": _number(np.sqrt(_nanmean((final - _nanmean(final)) ** 2))),
-                          "final_return_per_seed": [_number(x) for x in final],
-                          "eval_return_mean": None if eval_returns is None else _number(np.mean(eval_returns[index]))})
+        per_point.append(
+            {
+                "sweep_point": point,
+                "final_return_mean": _number(_nanmean(final)),
+                "final_return_std": _number(np.sqrt(_nanmean((final - _nanmean(final)) ** 2))),
+                "final_return_per_seed": [_number(x) for x in final],
+                "eval_return_mean": None if eval_returns is None else _number(np.mean(eval_returns[index])),
+            }
+        )
     ranked = [-math.inf if p["final_return_mean"] is None else p["final_return_mean"] for p in per_point]
     best = int(np.argmax(ranked))
     trained = metrics["episode_return"].shape[-1] * config.steps_per_update
-    summary = {"algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": plan.num_seeds,
-               "total_timesteps": config.total_timesteps, "trained_timesteps": trained,
-               **{k: v for k, v in per_point[best].items() if k != "sweep_point"},
-               **{f"{name}_seconds": value for name, value in seconds.items()},
-               "steps_per_second": trained * plan.num_runs / seconds["train"],
-               "backend": jax.default_backend(), "devices": [str(d) for d in run_devices(plan.num_runs)],
-               "versions": package_versions()}
+    summary = {
+        "algorithm": ALGORITHM,
+        "env_name": config.env_name,
+        "num_seeds": plan.num_seeds,
+        "total_timesteps": config.total_timesteps,
+        "trained_timesteps": trained,
+        **{k: v for k, v in per_point[best].items() if k != "sweep_point"},
+        **{f"{name}_seconds": value for name, value in seconds.items()},
+        "steps_per_second": trained * plan.num_runs / seconds["train"],
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in run_devices(plan.num_runs)],
+        "versions": package_versions(),
+    }
     if plan.points != [{}]:
         summary.update(best_sweep_point=plan.points[best], sweep=per_point)
     nonfinite = first_nonfinite(config, plan, metrics)
@@ -1043,8 +1206,12 @@ def first_nonfinite(config: Config, plan: RunPlan, metrics: dict) -> dict | None
         return None
     update = int(np.argmax(nonfinite.any(axis=(0, 1))))
     point, seed = map(int, np.argwhere(nonfinite[:, :, update])[0])
-    return {"first_update": update + 1, "env_steps": (update + 1) * config.steps_per_update,
-            "seed_index": seed, "sweep_point": plan.points[point]}
+    return {
+        "first_update": update + 1,
+        "env_steps": (update + 1) * config.steps_per_update,
+        "seed_index": seed,
+        "sweep_point": plan.points[point],
+    }
 
 
 def create_run_dir(runs_dir: str, config: Config, sweep: dict) -> str:
@@ -1052,11 +1219,14 @@ def create_run_dir(runs_dir: str, config: Config, sweep: dict) -> str:
     `runs_dir` that cannot hold it is a ConfigError. Never reuses a directory."""
     try:
         run_dir = new_run_dir(runs_dir, config)
-        write_file(os.path.join(run_dir, "config.json"),
-                   json.dumps({**dataclasses.asdict(config), "sweep": sweep}, indent=2).encode())
+        write_file(
+            os.path.join(run_dir, "config.json"),
+            json.dumps({**dataclasses.asdict(config), "sweep": sweep}, indent=2).encode(),
+        )
     except OSError as error:
-        raise ConfigError(f"--runs-dir {runs_dir}: cannot write a run directory there "
-                          f"({error.strerror or error})") from None
+        raise ConfigError(
+            f"--runs-dir {runs_dir}: cannot write a run directory there ({error.strerror or error})"
+        ) from None
     return run_dir
 
 
@@ -1081,8 +1251,10 @@ def write_file(path: str, data: bytes) -> None:
 
 def write_results(run_dir: str, plan: RunPlan, metrics: dict, eval_returns, params, summary: dict) -> None:
     """metrics.npz, params.msgpack (when training finished) and summary.json, then the plot."""
-    arrays = {**{f"sweep_{name}": np.array([point[name] for point in plan.points]) for name in plan.points[0]},
-              **metrics}
+    arrays = {
+        **{f"sweep_{name}": np.array([point[name] for point in plan.points]) for name in plan.points[0]},
+        **metrics,
+    }
     if eval_returns is not None:
         arrays["eval_return"] = eval_returns
     buffer = io.BytesIO()
@@ -1099,6 +1271,7 @@ def write_results(run_dir: str, plan: RunPlan, metrics: dict, eval_returns, para
 
 def plot_learning_curves(path: str, metrics: dict, plan: RunPlan) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -1108,7 +1281,7 @@ def plot_learning_curves(path: str, metrics: dict, plan: RunPlan) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, low, high = (np.nanmean(returns, 0), np.nanmin(returns, 0), np.nanmax(returns, 0))
-        line, = ax.plot(steps, mean, label=point_label(point) or f"mean of {plan.num_seeds} seeds")
+        (line,) = ax.plot(steps, mean, label=point_label(point) or f"mean of {plan.num_seeds} seeds")
         ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
     ax.set_xlabel("environment steps (per run)")
     ax.set_ylabel("episode return")
@@ -1125,11 +1298,15 @@ def plot_learning_curves(path: str, metrics: dict, plan: RunPlan) -> None:
 def report(config: Config, plan: RunPlan, summary: dict, say: Callable) -> None:
     show = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
     for point in summary.get("sweep", [summary]):
-        say(f"{point_label(point.get('sweep_point', {})) or 'final'}: return {show(point['final_return_mean'])} ± "
+        say(
+            f"{point_label(point.get('sweep_point', {})) or 'final'}: return {show(point['final_return_mean'])} ± "
             f"{show(point['final_return_std'])} over {plan.num_seeds} seeds (episodes ending in the last 5% of "
-            f"training), greedy eval {show(point['eval_return_mean'])}")
-    say(f"compile {summary['compile_seconds']:.1f} s, train {summary['train_seconds']:.1f} s "
-        f"({summary['steps_per_second']:,.0f} env steps/s), eval {summary['eval_seconds']:.1f} s")
+            f"training), greedy eval {show(point['eval_return_mean'])}"
+        )
+    say(
+        f"compile {summary['compile_seconds']:.1f} s, train {summary['train_seconds']:.1f} s "
+        f"({summary['steps_per_second']:,.0f} env steps/s), eval {summary['eval_seconds']:.1f} s"
+    )
 
 
 def enable_compile_cache() -> None:
@@ -1173,16 +1350,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def announce(config: Config, plan: RunPlan, say: Callable) -> None:
-    say(f"{ALGORITHM} on {config.env_name}: {plan.num_runs} run(s) ({plan.num_seeds} seeds x {len(plan.points)} "
+    say(
+        f"{ALGORITHM} on {config.env_name}: {plan.num_runs} run(s) ({plan.num_seeds} seeds x {len(plan.points)} "
         f"sweep points), {config.num_updates} updates of {config.steps_per_update} env steps each, on "
-        f"{len(run_devices(plan.num_runs))} {jax.default_backend()} device(s)")
+        f"{len(run_devices(plan.num_runs))} {jax.default_backend()} device(s)"
+    )
     if config.total_timesteps % config.steps_per_update:
-        say(f"note: total_timesteps {config.total_timesteps:,} is not a multiple of the {config.steps_per_update} "
-            f"env steps of an update; training {config.num_updates * config.steps_per_update:,} steps per run")
+        say(
+            f"note: total_timesteps {config.total_timesteps:,} is not a multiple of the {config.steps_per_update} "
+            f"env steps of an update; training {config.num_updates * config.steps_per_update:,} steps per run"
+        )
 
 
-def finish(config: Config, plan: RunPlan, programs: Programs, runner, metrics: dict, seconds: dict,
-           run_dir: str | None, say: Callable) -> int:
+def finish(
+    config: Config,
+    plan: RunPlan,
+    programs: Programs,
+    runner,
+    metrics: dict,
+    seconds: dict,
+    run_dir: str | None,
+    say: Callable,
+) -> int:
     """Evaluates the trained runs, writes the run directory and reports; returns the exit status."""
     start = time.perf_counter()
     saved = saved_params(runner)
@@ -1201,9 +1390,13 @@ def finish(config: Config, plan: RunPlan, programs: Programs, runner, metrics: d
     print(f"results: {run_dir}", flush=True)
     if "nonfinite" in summary:
         bad = summary["nonfinite"]
-        print(f"error: non-finite loss or parameters first appeared at update {bad['first_update']} (env step "
-              f"{bad['env_steps']:,}, seed index {bad['seed_index']}"
-              + (f", sweep point {bad['sweep_point']}" if plan.points != [{}] else "") + ")", file=sys.stderr)
+        print(
+            f"error: non-finite loss or parameters first appeared at update {bad['first_update']} (env step "
+            f"{bad['env_steps']:,}, seed index {bad['seed_index']}"
+            + (f", sweep point {bad['sweep_point']}" if plan.points != [{}] else "")
+            + ")",
+            file=sys.stderr,
+        )
         return 3
     return 0
 
@@ -1218,8 +1411,14 @@ def stopped_early(config: Config, plan: RunPlan, log: TrainingLog, run_dir: str 
     interrupted = isinstance(error, KeyboardInterrupt)
     why = "interrupted (Ctrl-C)" if interrupted else f"{type(error).__name__}: {error}".splitlines()[0]
     if run_dir is not None:
-        summary = {"algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": plan.num_seeds,
-                   "stopped": why, "completed_updates": log.num_updates, "num_updates": config.num_updates}
+        summary = {
+            "algorithm": ALGORITHM,
+            "env_name": config.env_name,
+            "num_seeds": plan.num_seeds,
+            "stopped": why,
+            "completed_updates": log.num_updates,
+            "num_updates": config.num_updates,
+        }
         try:
             if log.chunks:
                 metrics = log.metrics()
@@ -1230,8 +1429,11 @@ def stopped_early(config: Config, plan: RunPlan, log: TrainingLog, run_dir: str 
         except OSError:
             pass  # the error that stopped training is the one to report
         print(f"results: {run_dir}", flush=True)
-    print(f"{program_name()}: error: training stopped after {log.num_updates} of {config.num_updates} updates: "
-          f"{why}" + (f"; the finished updates are in {run_dir}" if run_dir else ""), file=sys.stderr)
+    print(
+        f"{program_name()}: error: training stopped after {log.num_updates} of {config.num_updates} updates: "
+        f"{why}" + (f"; the finished updates are in {run_dir}" if run_dir else ""),
+        file=sys.stderr,
+    )
     return 130 if interrupted else 1
 
 

@@ -17,6 +17,7 @@ learning_curve.png into a new directory under --runs-dir. Depends only on jax, f
 optax, gymnax, chex, numpy and matplotlib; copy this file anywhere and it runs. Importing
 it defines things and does nothing else.
 """
+
 import argparse
 import dataclasses
 import io
@@ -88,6 +89,7 @@ class Config:
 
 class HParams(NamedTuple):
     """Float hyperparameters that may differ between the runs of one compiled program (--sweep)."""
+
     lr: jax.Array
     gamma: jax.Array
     gae_lambda: jax.Array
@@ -111,8 +113,17 @@ def hparams_from(config: Config) -> HParams:
 
 def validate(config: Config) -> None:
     """Refuse a config that cannot run, naming the option and what is allowed."""
-    for name in ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
-                 "hidden_size", "num_layers", "eval_episodes", "num_seeds"):
+    for name in (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "update_epochs",
+        "num_minibatches",
+        "hidden_size",
+        "num_layers",
+        "eval_episodes",
+        "num_seeds",
+    ):
         if getattr(config, name) <= 0:
             raise ConfigError(f"--{_flag(name)} must be a positive integer, got {getattr(config, name)}")
     validate_hparams({name: getattr(config, name) for name in SWEEPABLE})
@@ -121,13 +132,15 @@ def validate(config: Config) -> None:
     if config.steps_per_update % config.num_minibatches:
         raise ConfigError(
             f"--num-minibatches {config.num_minibatches} must divide num_envs * num_steps = "
-            f"{config.num_envs} * {config.num_steps} = {config.steps_per_update}")
+            f"{config.num_envs} * {config.num_steps} = {config.steps_per_update}"
+        )
     if config.total_timesteps >= 2**31:  # step counts are int32 inside the compiled program
         raise ConfigError(f"--total-timesteps must be below 2**31 per run, got {config.total_timesteps}")
     if config.total_timesteps < config.steps_per_update:
         raise ConfigError(
             f"--total-timesteps {config.total_timesteps} is less than one rollout "
-            f"(num_envs * num_steps = {config.steps_per_update})")
+            f"(num_envs * num_steps = {config.steps_per_update})"
+        )
     make_env(config.env_name)  # unknown or continuous-action environments
 
 
@@ -164,32 +177,36 @@ def _flag(name: str) -> str:
 def make_env(env_name: str):
     """gymnax.make with errors a user can act on; only discrete action spaces."""
     import gymnax
+
     if env_name not in gymnax.registered_envs:
-        raise ConfigError(f"--env-name {env_name!r} is not a gymnax environment; choose one of: "
-                          + ", ".join(gymnax.registered_envs))
+        raise ConfigError(
+            f"--env-name {env_name!r} is not a gymnax environment; choose one of: " + ", ".join(gymnax.registered_envs)
+        )
     try:
         env, env_params = gymnax.make(env_name)
     except Exception as error:  # e.g. MNISTBandit downloads its data set
         raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
     if not isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete):
-        raise ConfigError(f"--env-name {env_name} has a continuous (Box) action space; {ALGORITHM}.py "
-                          "needs a discrete one")
+        raise ConfigError(
+            f"--env-name {env_name} has a continuous (Box) action space; {ALGORITHM}.py needs a discrete one"
+        )
     return env, env_params
 
 
 class EnvStep(NamedTuple):
-    obs: jax.Array          # [num_envs, obs_dim] after auto-reset
+    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
     state: Any
-    reward: jax.Array       # [num_envs] float32
-    terminated: jax.Array   # [num_envs] bool: the episode reached a terminal state
-    truncated: jax.Array    # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array    # [num_envs, obs_dim] the true next observation, before auto-reset
+    reward: jax.Array  # [num_envs] float32
+    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
+    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
+    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
 
 
 class StepNoise(NamedTuple):
     """Everything random that one env step consumes, drawn ahead for a whole rollout."""
-    key: jax.Array          # [num_envs] keys for the transition itself
-    reset_obs: Any          # [num_envs, ...] a fresh episode's first observation (None: env resets itself)
+
+    key: jax.Array  # [num_envs] keys for the transition itself
+    reset_obs: Any  # [num_envs, ...] a fresh episode's first observation (None: env resets itself)
     reset_state: Any
 
 
@@ -205,6 +222,7 @@ class VecEnv:
 
     def __init__(self, env_name: str, num_envs: int):
         from gymnax.environments.environment import Environment
+
         self.env, self.params = make_env(env_name)
         self.num_envs = num_envs
         self.obs_shape = tuple(self.env.observation_space(self.params).shape)
@@ -214,7 +232,7 @@ class VecEnv:
         self.stock_step = type(self.env).step is Environment.step
 
     def _flat(self, obs: jax.Array) -> jax.Array:
-        batch_shape = obs.shape[:obs.ndim - len(self.obs_shape)]
+        batch_shape = obs.shape[: obs.ndim - len(self.obs_shape)]
         return obs.reshape(*batch_shape, self.obs_dim).astype(jnp.float32)
 
     def reset(self, key: jax.Array):
@@ -232,27 +250,40 @@ class VecEnv:
 
     def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
         if not self.stock_step:
-            obs, state, reward, terminated, truncated, info = jax.vmap(
-                self.env.step, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
-            return EnvStep(obs=self._flat(obs), state=state, reward=reward.astype(jnp.float32),
-                           terminated=terminated, truncated=truncated,
-                           final_obs=self._flat(info["final_observation"]))
-        obs, state, reward, terminated, _ = jax.vmap(
-            self.env.step_env, in_axes=(0, 0, 0, None))(noise.key, state, action, self.params)
+            obs, state, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+                noise.key, state, action, self.params
+            )
+            return EnvStep(
+                obs=self._flat(obs),
+                state=state,
+                reward=reward.astype(jnp.float32),
+                terminated=terminated,
+                truncated=truncated,
+                final_obs=self._flat(info["final_observation"]),
+            )
+        obs, state, reward, terminated, _ = jax.vmap(self.env.step_env, in_axes=(0, 0, 0, None))(
+            noise.key, state, action, self.params
+        )
         truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(state, self.params)
         done = terminated | truncated
         final_obs = self._flat(obs)
         select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
-        return EnvStep(obs=select(done, noise.reset_obs, final_obs), state=select(done, noise.reset_state, state),
-                       reward=reward.astype(jnp.float32), terminated=terminated, truncated=truncated,
-                       final_obs=final_obs)
+        return EnvStep(
+            obs=select(done, noise.reset_obs, final_obs),
+            state=select(done, noise.reset_state, state),
+            reward=reward.astype(jnp.float32),
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final_obs,
+        )
 
 
 class EpisodeStats(NamedTuple):
     """Totals over the episodes that ended during one update; their means are the logged metrics."""
-    finished: jax.Array     # int32: episodes that ended
-    return_sum: jax.Array   # float32: their returns, summed
-    length_sum: jax.Array   # int32: their lengths, summed
+
+    finished: jax.Array  # int32: episodes that ended
+    return_sum: jax.Array  # float32: their returns, summed
+    length_sum: jax.Array  # int32: their lengths, summed
 
     @classmethod
     def zero(cls) -> "EpisodeStats":
@@ -260,16 +291,21 @@ class EpisodeStats(NamedTuple):
 
     def add(self, done: jax.Array, episode_return: jax.Array, episode_length: jax.Array) -> "EpisodeStats":
         """Counts the episodes that end where `done`, with their returns and lengths so far."""
-        return EpisodeStats(finished=self.finished + done.sum(),
-                            return_sum=self.return_sum + jnp.where(done, episode_return, 0.0).sum(),
-                            length_sum=self.length_sum + jnp.where(done, episode_length, 0).sum())
+        return EpisodeStats(
+            finished=self.finished + done.sum(),
+            return_sum=self.return_sum + jnp.where(done, episode_return, 0.0).sum(),
+            length_sum=self.length_sum + jnp.where(done, episode_length, 0).sum(),
+        )
 
     def metrics(self) -> dict:
         """Mean return and length of the episodes that ended: NaN when none did, never a stale or
         zero-filled value."""
         mean = lambda total: jnp.where(self.finished > 0, total / jnp.maximum(self.finished, 1), jnp.nan)  # noqa: E731
-        return {"episode_return": mean(self.return_sum), "episode_length": mean(self.length_sum),
-                "episodes_finished": self.finished}
+        return {
+            "episode_return": mean(self.return_sum),
+            "episode_length": mean(self.length_sum),
+            "episodes_finished": self.finished,
+        }
 
 
 # --------------------------------------------------------------------------------------
@@ -277,6 +313,7 @@ class EpisodeStats(NamedTuple):
 # --------------------------------------------------------------------------------------
 class MLP(nn.Module):
     """Separate actor and critic towers share this shape; only the output scale differs."""
+
     out_dim: int
     out_scale: float
     hidden_size: int
@@ -292,8 +329,8 @@ class MLP(nn.Module):
 
 
 class Networks(NamedTuple):
-    actor: nn.Module        # obs -> logits; its parameters are params["actor"]
-    critic: nn.Module       # obs -> [1] value; params["critic"]
+    actor: nn.Module  # obs -> logits; its parameters are params["actor"]
+    critic: nn.Module  # obs -> [1] value; params["critic"]
 
 
 def make_networks(config: Config, num_actions: int) -> Networks:
@@ -306,13 +343,13 @@ def make_networks(config: Config, num_actions: int) -> Networks:
 # Training
 # --------------------------------------------------------------------------------------
 class Transition(NamedTuple):
-    obs: jax.Array          # [T, N, obs_dim]
-    action: jax.Array       # [T, N]
-    log_prob: jax.Array     # [T, N] under the policy that acted
-    reward: jax.Array       # [T, N]
-    terminated: jax.Array   # [T, N]
-    done: jax.Array         # [T, N] terminated or truncated: the next obs starts a new episode
-    final_obs: jax.Array    # [T, N, obs_dim] true next observation (for bootstrapping)
+    obs: jax.Array  # [T, N, obs_dim]
+    action: jax.Array  # [T, N]
+    log_prob: jax.Array  # [T, N] under the policy that acted
+    reward: jax.Array  # [T, N]
+    terminated: jax.Array  # [T, N]
+    done: jax.Array  # [T, N] terminated or truncated: the next obs starts a new episode
+    final_obs: jax.Array  # [T, N, obs_dim] true next observation (for bootstrapping)
 
 
 class Batch(NamedTuple):
@@ -326,8 +363,9 @@ class Batch(NamedTuple):
 
 class Runner(NamedTuple):
     """Everything one run carries from update to update."""
+
     params: Any
-    opt_state: Any             # Adam state over the flattened parameter vector
+    opt_state: Any  # Adam state over the flattened parameter vector
     env_state: Any
     obs: jax.Array
     episode_return: jax.Array  # [num_envs] return so far of each env's current episode
@@ -338,6 +376,7 @@ class Runner(NamedTuple):
 
 class Acting(NamedTuple):
     """What the rollout carries from one env step to the next."""
+
     env_state: Any
     obs: jax.Array
     episode_return: jax.Array
@@ -360,8 +399,7 @@ def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
         advantage = delta_t + gamma * gae_lambda * (1.0 - done_t) * next_advantage
         return advantage, advantage
 
-    _, advantage = jax.lax.scan(backward, jnp.zeros_like(delta[0]),
-                                (delta, done.astype(delta.dtype)), reverse=True)
+    _, advantage = jax.lax.scan(backward, jnp.zeros_like(delta[0]), (delta, done.astype(delta.dtype)), reverse=True)
     return advantage, advantage + value
 
 
@@ -374,17 +412,22 @@ def ppo_loss(networks: Networks, params, minibatch: Batch, hp: HParams):
     ratio = jnp.exp(log_ratio)
     advantage = minibatch.advantage
     advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-    policy_loss = -jnp.minimum(
-        ratio * advantage, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * advantage).mean()
+    policy_loss = -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * advantage).mean()
     value = networks.critic.apply(params["critic"], minibatch.obs)[:, 0]
     value_clipped = minibatch.value + jnp.clip(value - minibatch.value, -hp.clip_eps, hp.clip_eps)
-    value_loss = 0.5 * jnp.maximum(jnp.square(value - minibatch.target),
-                                   jnp.square(value_clipped - minibatch.target)).mean()
+    value_loss = (
+        0.5 * jnp.maximum(jnp.square(value - minibatch.target), jnp.square(value_clipped - minibatch.target)).mean()
+    )
     entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
     loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
-    stats = {"loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
-             "approx_kl": ((ratio - 1) - log_ratio).mean(),
-             "clip_fraction": (jnp.abs(ratio - 1) > hp.clip_eps).mean()}
+    stats = {
+        "loss": loss,
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": ((ratio - 1) - log_ratio).mean(),
+        "clip_fraction": (jnp.abs(ratio - 1) > hp.clip_eps).mean(),
+    }
     return loss, stats
 
 
@@ -394,8 +437,7 @@ def make_optimizer(config: Config, hparams: HParams):
         lr = lambda count: hparams.lr * (1.0 - count / num_grad_steps)  # noqa: E731
     else:
         lr = hparams.lr
-    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm),
-                       optax.adam(learning_rate=lr, eps=1e-5))
+    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm), optax.adam(learning_rate=lr, eps=1e-5))
 
 
 def make_train(config: Config) -> Callable:
@@ -413,8 +455,10 @@ def make_train(config: Config) -> Callable:
     def init_params(key: jax.Array):
         actor_key, critic_key = jax.random.split(key)
         dummy_obs = jnp.zeros((1, env.obs_dim))
-        return {"actor": networks.actor.init(actor_key, dummy_obs),
-                "critic": networks.critic.init(critic_key, dummy_obs)}
+        return {
+            "actor": networks.actor.init(actor_key, dummy_obs),
+            "critic": networks.critic.init(critic_key, dummy_obs),
+        }
 
     # The optimizer sees one flat vector instead of a dozen small arrays: on CPU every array is a
     # separate kernel launch in Adam and in the gradient-norm clip, which dominated a step.
@@ -427,11 +471,20 @@ def make_train(config: Config) -> Callable:
         params = init_params(params_key)
         obs, env_state = env.reset(env_key)
         opt_state = make_optimizer(config, hparams).init(ravel_pytree(params)[0])
-        return Runner(params=params, opt_state=opt_state, env_state=env_state, obs=obs,
-                      episode_return=jnp.zeros(N), episode_length=jnp.zeros(N, jnp.int32), rng=rng, hparams=hparams)
+        return Runner(
+            params=params,
+            opt_state=opt_state,
+            env_state=env_state,
+            obs=obs,
+            episode_return=jnp.zeros(N),
+            episode_length=jnp.zeros(N, jnp.int32),
+            rng=rng,
+            hparams=hparams,
+        )
 
     def rollout(runner: Runner, key: jax.Array):
         """T steps of every env under the current policy: (the carry after them, [T, N] transitions)."""
+
         def env_step(carry: Acting, noise):
             action_noise, env_noise = noise
             logits = networks.actor.apply(runner.params["actor"], carry.obs)
@@ -440,31 +493,60 @@ def make_train(config: Config) -> Callable:
             step = env.step(env_noise, carry.env_state, action)
             done = step.terminated | step.truncated
             episode_return, episode_length = carry.episode_return + step.reward, carry.episode_length + 1
-            transition = Transition(obs=carry.obs, action=action, log_prob=log_prob, reward=step.reward,
-                                    terminated=step.terminated, done=done, final_obs=step.final_obs)
-            return Acting(env_state=step.state, obs=step.obs, episode_return=jnp.where(done, 0.0, episode_return),
-                          episode_length=jnp.where(done, 0, episode_length),
-                          stats=carry.stats.add(done, episode_return, episode_length)), transition
+            transition = Transition(
+                obs=carry.obs,
+                action=action,
+                log_prob=log_prob,
+                reward=step.reward,
+                terminated=step.terminated,
+                done=done,
+                final_obs=step.final_obs,
+            )
+            return Acting(
+                env_state=step.state,
+                obs=step.obs,
+                episode_return=jnp.where(done, 0.0, episode_return),
+                episode_length=jnp.where(done, 0, episode_length),
+                stats=carry.stats.add(done, episode_return, episode_length),
+            ), transition
 
         # All randomness of the rollout is drawn here in two batched calls, not step by step.
         action_key, env_key = key
         noise = (jax.random.gumbel(action_key, (T, N, env.num_actions)), env.presample(env_key, T))
-        start = Acting(env_state=runner.env_state, obs=runner.obs, episode_return=runner.episode_return,
-                       episode_length=runner.episode_length, stats=EpisodeStats.zero())
+        start = Acting(
+            env_state=runner.env_state,
+            obs=runner.obs,
+            episode_return=runner.episode_return,
+            episode_length=runner.episode_length,
+            stats=EpisodeStats.zero(),
+        )
         return jax.lax.scan(env_step, start, noise)
 
     def make_batch(params, transitions: Transition, hp: HParams) -> Batch:
         """The rollout with its values, GAE advantages and value targets, flattened to [T * N]."""
         # The critic is not needed to act, so it runs once over the whole rollout instead of
         # once per step; V(final_obs) gives every step's bootstrap value, last step included.
-        values = networks.critic.apply(
-            params["critic"], jnp.concatenate([transitions.obs, transitions.final_obs]))[..., 0]
+        values = networks.critic.apply(params["critic"], jnp.concatenate([transitions.obs, transitions.final_obs]))[
+            ..., 0
+        ]
         value, next_value = values[:T], values[T:]
-        advantage, target = compute_gae(transitions.reward, value, next_value,
-                                        transitions.terminated.astype(jnp.float32), transitions.done,
-                                        hp.gamma, hp.gae_lambda)
-        batch = Batch(obs=transitions.obs, action=transitions.action, log_prob=transitions.log_prob,
-                      value=value, advantage=advantage, target=target)
+        advantage, target = compute_gae(
+            transitions.reward,
+            value,
+            next_value,
+            transitions.terminated.astype(jnp.float32),
+            transitions.done,
+            hp.gamma,
+            hp.gae_lambda,
+        )
+        batch = Batch(
+            obs=transitions.obs,
+            action=transitions.action,
+            log_prob=transitions.log_prob,
+            value=value,
+            advantage=advantage,
+            target=target,
+        )
         return jax.tree.map(lambda x: x.reshape(T * N, *x.shape[2:]), batch)
 
     def learn(flat_params, opt_state, batch: Batch, key: jax.Array, hp: HParams):
@@ -483,8 +565,7 @@ def make_train(config: Config) -> Callable:
             return jax.lax.scan(minibatch_step, train, minibatches)
 
         # Every epoch's shuffle in one batched sort, not one sort per epoch.
-        orders = jax.vmap(jax.random.permutation, in_axes=(0, None))(
-            jax.random.split(key, config.update_epochs), T * N)
+        orders = jax.vmap(jax.random.permutation, in_axes=(0, None))(jax.random.split(key, config.update_epochs), T * N)
         return jax.lax.scan(epoch, (flat_params, opt_state), orders)
 
     def update(runner: Runner, update_index: jax.Array):
@@ -493,17 +574,25 @@ def make_train(config: Config) -> Callable:
         acting, transitions = rollout(runner, (action_key, env_key))
         batch = make_batch(runner.params, transitions, hp)
         rng, shuffle_key = jax.random.split(rng)
-        (flat_params, opt_state), stats = learn(ravel_pytree(runner.params)[0], runner.opt_state, batch,
-                                                shuffle_key, hp)
+        (flat_params, opt_state), stats = learn(
+            ravel_pytree(runner.params)[0], runner.opt_state, batch, shuffle_key, hp
+        )
         metrics = {
             "env_steps": (update_index + 1) * T * N,
             **acting.stats.metrics(),
             **{name: value.mean() for name, value in stats.items()},
             "finite": jnp.isfinite(stats["loss"]).all() & jnp.isfinite(flat_params).all(),
         }
-        runner = Runner(params=unravel(flat_params), opt_state=opt_state, env_state=acting.env_state,
-                        obs=acting.obs, episode_return=acting.episode_return, episode_length=acting.episode_length,
-                        rng=rng, hparams=hp)
+        runner = Runner(
+            params=unravel(flat_params),
+            opt_state=opt_state,
+            env_state=acting.env_state,
+            obs=acting.obs,
+            episode_return=acting.episode_return,
+            episode_length=acting.episode_length,
+            rng=rng,
+            hparams=hp,
+        )
         return runner, metrics
 
     def run(runner: Runner, first_update: jax.Array, num_updates: int):
@@ -513,6 +602,7 @@ def make_train(config: Config) -> Callable:
         def step(runner, index):
             def skip(runner, index):
                 return runner, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
+
             return jax.lax.cond(index < config.num_updates, update, skip, runner, index)
 
         return jax.lax.scan(step, runner, first_update + jnp.arange(num_updates, dtype=jnp.int32))
@@ -534,12 +624,13 @@ def saved_params(runner: Runner) -> dict:
 
 class Evaluating(NamedTuple):
     """What the evaluation loop carries from one env step to the next."""
+
     env_state: Any
     obs: jax.Array
-    total: jax.Array        # [episodes] return so far
-    alive: jax.Array        # [episodes] bool: the episode has not ended yet
+    total: jax.Array  # [episodes] return so far
+    alive: jax.Array  # [episodes] bool: the episode has not ended yet
     rng: jax.Array
-    t: jax.Array            # env steps taken
+    t: jax.Array  # env steps taken
 
 
 def make_evaluate(config: Config) -> Callable:
@@ -561,12 +652,23 @@ def make_evaluate(config: Config) -> Callable:
             noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
             action = jnp.argmax(networks.actor.apply(params["actor"], carry.obs), -1)
             step = env.step(noise, carry.env_state, action)
-            return Evaluating(env_state=step.state, obs=step.obs,
-                              total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
-                              alive=carry.alive & ~(step.terminated | step.truncated), rng=rng, t=carry.t + 1)
+            return Evaluating(
+                env_state=step.state,
+                obs=step.obs,
+                total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
+                alive=carry.alive & ~(step.terminated | step.truncated),
+                rng=rng,
+                t=carry.t + 1,
+            )
 
-        start = Evaluating(env_state=env_state, obs=obs, total=jnp.zeros(env.num_envs),
-                           alive=jnp.ones(env.num_envs, bool), rng=rng, t=0)
+        start = Evaluating(
+            env_state=env_state,
+            obs=obs,
+            total=jnp.zeros(env.num_envs),
+            alive=jnp.ones(env.num_envs, bool),
+            rng=rng,
+            t=0,
+        )
         return jax.lax.while_loop(running, env_step, start).total.mean()
 
     return evaluate
@@ -598,12 +700,16 @@ def configure_xla() -> None:
     """
     try:
         from jax._src import xla_bridge  # JAX has no public way to ask whether its backend started
+
         started = xla_bridge.backends_are_initialized()
     except (ImportError, AttributeError):
         started = False
     if started:
-        warnings.warn("configure_xla(): JAX's backend has already started, so XLA flags can no longer "
-                      "take effect; call it before the first JAX computation", stacklevel=2)
+        warnings.warn(
+            "configure_xla(): JAX's backend has already started, so XLA flags can no longer "
+            "take effect; call it before the first JAX computation",
+            stacklevel=2,
+        )
         return
     flags = {"xla_cpu_enable_concurrency_optimized_scheduler": "false"}
     if cpu_only():
@@ -642,23 +748,40 @@ def program_name() -> str:
 
 def parse_args(argv: Sequence[str] | None = None):
     """(Config, sweep {field: values}, the other options) from the command line."""
-    parser = _Parser(prog=program_name(), description=__doc__.split("\n\n")[0],
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _Parser(
+        prog=program_name(),
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     for field in dataclasses.fields(Config):
         flag = "--" + _flag(field.name)
         if field.type is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
-                                help=field.metadata["doc"])
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=field.default, help=field.metadata["doc"]
+            )
         else:
-            parser.add_argument(flag, type=_integer if field.type is int else field.type, default=field.default,
-                                metavar=field.type.__name__.upper(), help=field.metadata["doc"])
-    parser.add_argument("--sweep", action="append", default=[], metavar="FIELD=V1,V2,...",
-                        help=f"train every value in one compiled program (repeat for a grid); FIELD is one "
-                             f"of {', '.join(map(_flag, SWEEPABLE))}")
+            parser.add_argument(
+                flag,
+                type=_integer if field.type is int else field.type,
+                default=field.default,
+                metavar=field.type.__name__.upper(),
+                help=field.metadata["doc"],
+            )
+    parser.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2,...",
+        help=f"train every value in one compiled program (repeat for a grid); FIELD is one "
+        f"of {', '.join(map(_flag, SWEEPABLE))}",
+    )
     parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
-    parser.add_argument("--compile-cache", action=argparse.BooleanOptionalAction, default=True,
-                        help="JAX persistent compilation cache (JAX_COMPILATION_CACHE_DIR, else "
-                             "~/.cache/jax_rl_compile)")
+    parser.add_argument(
+        "--compile-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="JAX persistent compilation cache (JAX_COMPILATION_CACHE_DIR, else ~/.cache/jax_rl_compile)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only the results directory")
     args = parser.parse_args(argv)
     config = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
@@ -685,8 +808,9 @@ def parse_sweep(specs: Sequence[str]) -> dict:
         if name in sweep:
             raise ConfigError(f"--sweep {spec!r}: {_flag(name)} is swept twice; give all its values in one flag")
         if not sep or name not in SWEEPABLE:
-            raise ConfigError(f"--sweep {spec!r}: expected FIELD=V1,V2,... with FIELD one of "
-                              + ", ".join(map(_flag, SWEEPABLE)))
+            raise ConfigError(
+                f"--sweep {spec!r}: expected FIELD=V1,V2,... with FIELD one of " + ", ".join(map(_flag, SWEEPABLE))
+            )
         try:
             sweep[name] = [float(v) for v in values.split(",")]
         except ValueError:
@@ -732,6 +856,7 @@ def gather_runs(tree, shape: tuple):
     """Host copies of run-axis arrays, padding dropped, runs laid out as `shape` ([points, seeds])."""
     if jax.process_count() > 1:  # every host holds only its devices' runs
         from jax.experimental import multihost_utils
+
         tree = multihost_utils.process_allgather(tree, tiled=True)
     size = int(np.prod(shape))
     return jax.tree.map(lambda x: np.asarray(x)[:size].reshape(*shape, *np.shape(x)[1:]), tree)
@@ -740,11 +865,12 @@ def gather_runs(tree, shape: tuple):
 class RunPlan(NamedTuple):
     """Every run of one command: [sweep point, seed] flattened into one leading run axis (every
     point trains the same seeds), padded to a multiple of the device count."""
-    points: list              # the sweep points, {field: value} each; [{}] without --sweep
+
+    points: list  # the sweep points, {field: value} each; [{}] without --sweep
     num_seeds: int
-    keys: np.ndarray          # [padded runs, 2] training keys
-    hparams: HParams          # [padded runs] each run's hyperparameters
-    eval_keys: np.ndarray     # [padded runs, 2] evaluation keys
+    keys: np.ndarray  # [padded runs, 2] training keys
+    hparams: HParams  # [padded runs] each run's hyperparameters
+    eval_keys: np.ndarray  # [padded runs, 2] evaluation keys
     sharding: jax.sharding.NamedSharding
 
     @property
@@ -760,19 +886,23 @@ def plan_runs(config: Config, points: list[dict]) -> RunPlan:
     num_runs = len(points) * config.num_seeds
     seed_keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
     eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    values = np.array([[point.get(name, getattr(config, name)) for name in SWEEPABLE] for point in points],
-                      np.float32)
+    values = np.array([[point.get(name, getattr(config, name)) for name in SWEEPABLE] for point in points], np.float32)
     hparams = HParams(*np.repeat(values, config.num_seeds, axis=0).T)
     every_point = lambda keys: np.tile(keys, (len(points), 1))  # noqa: E731
-    return RunPlan(points=points, num_seeds=config.num_seeds, keys=pad_runs(every_point(seed_keys), num_runs),
-                   hparams=pad_runs(hparams, num_runs), eval_keys=pad_runs(every_point(eval_keys), num_runs),
-                   sharding=runs_sharding(num_runs))
+    return RunPlan(
+        points=points,
+        num_seeds=config.num_seeds,
+        keys=pad_runs(every_point(seed_keys), num_runs),
+        hparams=pad_runs(hparams, num_runs),
+        eval_keys=pad_runs(every_point(eval_keys), num_runs),
+        sharding=runs_sharding(num_runs),
+    )
 
 
 class Programs(NamedTuple):
-    run: Callable             # (runners, first update) -> (runners, metrics of `chunk` updates), compiled
-    evaluate: Callable        # (saved params, keys) -> mean greedy return of every run
-    chunk: int                # updates per call of `run`
+    run: Callable  # (runners, first update) -> (runners, metrics of `chunk` updates), compiled
+    evaluate: Callable  # (saved params, keys) -> mean greedy return of every run
+    chunk: int  # updates per call of `run`
 
 
 def compile_programs(config: Config, plan: RunPlan):
@@ -783,8 +913,11 @@ def compile_programs(config: Config, plan: RunPlan):
     runner = jax.device_put(jax.jit(jax.vmap(train.init))(plan.keys, plan.hparams), plan.sharding)
     chunk = max(1, math.ceil(config.num_updates / 10))  # ~10 progress reports
     # The runners are donated: each chunk updates them (replay buffers included) in place.
-    run = jax.jit(jax.vmap(lambda runner, first: train.run(runner, first, chunk), (0, None)),
-                  out_shardings=plan.sharding, donate_argnums=0)
+    run = jax.jit(
+        jax.vmap(lambda runner, first: train.run(runner, first, chunk), (0, None)),
+        out_shardings=plan.sharding,
+        donate_argnums=0,
+    )
     evaluate = jax.jit(jax.vmap(make_evaluate(config)), out_shardings=plan.sharding)
     run = run.lower(runner, jnp.int32(0)).compile()
     jax.block_until_ready(runner)
@@ -798,6 +931,7 @@ def compile_programs(config: Config, plan: RunPlan):
 class TrainingLog:
     """What has reached the host so far: each finished chunk's metrics ([points, seeds, updates]
     per name) and when it finished (seconds since training began)."""
+
     chunks: list = dataclasses.field(default_factory=list)
     chunk_ends: list = dataclasses.field(default_factory=list)
 
@@ -831,8 +965,9 @@ def train_in_chunks(config: Config, plan: RunPlan, programs: Programs, runner, l
     return runner
 
 
-def record_chunk(config: Config, plan: RunPlan, log: TrainingLog, first: int, metrics: dict, start: float,
-                 say: Callable) -> None:
+def record_chunk(
+    config: Config, plan: RunPlan, log: TrainingLog, first: int, metrics: dict, start: float, say: Callable
+) -> None:
     """Brings a chunk's metrics to the host (waiting for it to finish), logs and reports it;
     updates past the config's end, which the last chunk skips, are dropped."""
     updates = min(config.num_updates - first, metrics["episode_return"].shape[-1])
@@ -842,8 +977,10 @@ def record_chunk(config: Config, plan: RunPlan, log: TrainingLog, first: int, me
     log.chunk_ends.append(seconds)
     done = first + updates
     steps = done * config.steps_per_update
-    say(f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
-        f"return {_nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s")
+    say(
+        f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
+        f"return {_nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s"
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -873,6 +1010,7 @@ def _number(x) -> float | None:
 
 def package_versions() -> dict:
     from importlib import metadata
+
     versions = {"python": sys.version.split()[0]}
     for name in ("jax", "jaxlib", "flax", "optax", "gymnax", "chex", "numpy"):
         try:
@@ -892,20 +1030,31 @@ def summarise(config: Config, plan: RunPlan, metrics: dict, eval_returns: np.nda
     per_point = []
     for index, point in enumerate(plan.points):
         final = finals[index]
-        per_point.append({"sweep_point": point, "final_return_mean": _number(_nanmean(final)),
-                          "final_return_std": _number(np.sqrt(_nanmean((final - _nanmean(final)) ** 2))),
-                          "final_return_per_seed": [_number(x) for x in final],
-                          "eval_return_mean": None if eval_returns is None else _number(np.mean(eval_returns[index]))})
+        per_point.append(
+            {
+                "sweep_point": point,
+                "final_return_mean": _number(_nanmean(final)),
+                "final_return_std": _number(np.sqrt(_nanmean((final - _nanmean(final)) ** 2))),
+                "final_return_per_seed": [_number(x) for x in final],
+                "eval_return_mean": None if eval_returns is None else _number(np.mean(eval_returns[index])),
+            }
+        )
     ranked = [-math.inf if p["final_return_mean"] is None else p["final_return_mean"] for p in per_point]
     best = int(np.argmax(ranked))
     trained = metrics["episode_return"].shape[-1] * config.steps_per_update
-    summary = {"algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": plan.num_seeds,
-               "total_timesteps": config.total_timesteps, "trained_timesteps": trained,
-               **{k: v for k, v in per_point[best].items() if k != "sweep_point"},
-               **{f"{name}_seconds": value for name, value in seconds.items()},
-               "steps_per_second": trained * plan.num_runs / seconds["train"],
-               "backend": jax.default_backend(), "devices": [str(d) for d in run_devices(plan.num_runs)],
-               "versions": package_versions()}
+    summary = {
+        "algorithm": ALGORITHM,
+        "env_name": config.env_name,
+        "num_seeds": plan.num_seeds,
+        "total_timesteps": config.total_timesteps,
+        "trained_timesteps": trained,
+        **{k: v for k, v in per_point[best].items() if k != "sweep_point"},
+        **{f"{name}_seconds": value for name, value in seconds.items()},
+        "steps_per_second": trained * plan.num_runs / seconds["train"],
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in run_devices(plan.num_runs)],
+        "versions": package_versions(),
+    }
     if plan.points != [{}]:
         summary.update(best_sweep_point=plan.points[best], sweep=per_point)
     nonfinite = first_nonfinite(config, plan, metrics)
@@ -921,8 +1070,12 @@ def first_nonfinite(config: Config, plan: RunPlan, metrics: dict) -> dict | None
         return None
     update = int(np.argmax(nonfinite.any(axis=(0, 1))))
     point, seed = map(int, np.argwhere(nonfinite[:, :, update])[0])
-    return {"first_update": update + 1, "env_steps": (update + 1) * config.steps_per_update,
-            "seed_index": seed, "sweep_point": plan.points[point]}
+    return {
+        "first_update": update + 1,
+        "env_steps": (update + 1) * config.steps_per_update,
+        "seed_index": seed,
+        "sweep_point": plan.points[point],
+    }
 
 
 def create_run_dir(runs_dir: str, config: Config, sweep: dict) -> str:
@@ -930,11 +1083,14 @@ def create_run_dir(runs_dir: str, config: Config, sweep: dict) -> str:
     `runs_dir` that cannot hold it is a ConfigError. Never reuses a directory."""
     try:
         run_dir = new_run_dir(runs_dir, config)
-        write_file(os.path.join(run_dir, "config.json"),
-                   json.dumps({**dataclasses.asdict(config), "sweep": sweep}, indent=2).encode())
+        write_file(
+            os.path.join(run_dir, "config.json"),
+            json.dumps({**dataclasses.asdict(config), "sweep": sweep}, indent=2).encode(),
+        )
     except OSError as error:
-        raise ConfigError(f"--runs-dir {runs_dir}: cannot write a run directory there "
-                          f"({error.strerror or error})") from None
+        raise ConfigError(
+            f"--runs-dir {runs_dir}: cannot write a run directory there ({error.strerror or error})"
+        ) from None
     return run_dir
 
 
@@ -959,8 +1115,10 @@ def write_file(path: str, data: bytes) -> None:
 
 def write_results(run_dir: str, plan: RunPlan, metrics: dict, eval_returns, params, summary: dict) -> None:
     """metrics.npz, params.msgpack (when training finished) and summary.json, then the plot."""
-    arrays = {**{f"sweep_{name}": np.array([point[name] for point in plan.points]) for name in plan.points[0]},
-              **metrics}
+    arrays = {
+        **{f"sweep_{name}": np.array([point[name] for point in plan.points]) for name in plan.points[0]},
+        **metrics,
+    }
     if eval_returns is not None:
         arrays["eval_return"] = eval_returns
     buffer = io.BytesIO()
@@ -977,6 +1135,7 @@ def write_results(run_dir: str, plan: RunPlan, metrics: dict, eval_returns, para
 
 def plot_learning_curves(path: str, metrics: dict, plan: RunPlan) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -986,7 +1145,7 @@ def plot_learning_curves(path: str, metrics: dict, plan: RunPlan) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, low, high = (np.nanmean(returns, 0), np.nanmin(returns, 0), np.nanmax(returns, 0))
-        line, = ax.plot(steps, mean, label=point_label(point) or f"mean of {plan.num_seeds} seeds")
+        (line,) = ax.plot(steps, mean, label=point_label(point) or f"mean of {plan.num_seeds} seeds")
         ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
     ax.set_xlabel("environment steps (per run)")
     ax.set_ylabel("episode return")
@@ -1003,11 +1162,15 @@ def plot_learning_curves(path: str, metrics: dict, plan: RunPlan) -> None:
 def report(config: Config, plan: RunPlan, summary: dict, say: Callable) -> None:
     show = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
     for point in summary.get("sweep", [summary]):
-        say(f"{point_label(point.get('sweep_point', {})) or 'final'}: return {show(point['final_return_mean'])} ± "
+        say(
+            f"{point_label(point.get('sweep_point', {})) or 'final'}: return {show(point['final_return_mean'])} ± "
             f"{show(point['final_return_std'])} over {plan.num_seeds} seeds (episodes ending in the last 5% of "
-            f"training), greedy eval {show(point['eval_return_mean'])}")
-    say(f"compile {summary['compile_seconds']:.1f} s, train {summary['train_seconds']:.1f} s "
-        f"({summary['steps_per_second']:,.0f} env steps/s), eval {summary['eval_seconds']:.1f} s")
+            f"training), greedy eval {show(point['eval_return_mean'])}"
+        )
+    say(
+        f"compile {summary['compile_seconds']:.1f} s, train {summary['train_seconds']:.1f} s "
+        f"({summary['steps_per_second']:,.0f} env steps/s), eval {summary['eval_seconds']:.1f} s"
+    )
 
 
 def enable_compile_cache() -> None:
@@ -1051,16 +1214,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def announce(config: Config, plan: RunPlan, say: Callable) -> None:
-    say(f"{ALGORITHM} on {config.env_name}: {plan.num_runs} run(s) ({plan.num_seeds} seeds x {len(plan.points)} "
+    say(
+        f"{ALGORITHM} on {config.env_name}: {plan.num_runs} run(s) ({plan.num_seeds} seeds x {len(plan.points)} "
         f"sweep points), {config.num_updates} updates of {config.steps_per_update} env steps each, on "
-        f"{len(run_devices(plan.num_runs))} {jax.default_backend()} device(s)")
+        f"{len(run_devices(plan.num_runs))} {jax.default_backend()} device(s)"
+    )
     if config.total_timesteps % config.steps_per_update:
-        say(f"note: total_timesteps {config.total_timesteps:,} is not a multiple of the {config.steps_per_update} "
-            f"env steps of an update; training {config.num_updates * config.steps_per_update:,} steps per run")
+        say(
+            f"note: total_timesteps {config.total_timesteps:,} is not a multiple of the {config.steps_per_update} "
+            f"env steps of an update; training {config.num_updates * config.steps_per_update:,} steps per run"
+        )
 
 
-def finish(config: Config, plan: RunPlan, programs: Programs, runner, metrics: dict, seconds: dict,
-           run_dir: str | None, say: Callable) -> int:
+def finish(
+    config: Config,
+    plan: RunPlan,
+    programs: Programs,
+    runner,
+    metrics: dict,
+    seconds: dict,
+    run_dir: str | None,
+    say: Callable,
+) -> int:
     """Evaluates the trained runs, writes the run directory and reports; returns the exit status."""
     start = time.perf_counter()
     saved = saved_params(runner)
@@ -1079,9 +1254,13 @@ def finish(config: Config, plan: RunPlan, programs: Programs, runner, metrics: d
     print(f"results: {run_dir}", flush=True)
     if "nonfinite" in summary:
         bad = summary["nonfinite"]
-        print(f"error: non-finite loss or parameters first appeared at update {bad['first_update']} (env step "
-              f"{bad['env_steps']:,}, seed index {bad['seed_index']}"
-              + (f", sweep point {bad['sweep_point']}" if plan.points != [{}] else "") + ")", file=sys.stderr)
+        print(
+            f"error: non-finite loss or parameters first appeared at update {bad['first_update']} (env step "
+            f"{bad['env_steps']:,}, seed index {bad['seed_index']}"
+            + (f", sweep point {bad['sweep_point']}" if plan.points != [{}] else "")
+            + ")",
+            file=sys.stderr,
+        )
         return 3
     return 0
 
@@ -1096,8 +1275,14 @@ def stopped_early(config: Config, plan: RunPlan, log: TrainingLog, run_dir: str 
     interrupted = isinstance(error, KeyboardInterrupt)
     why = "interrupted (Ctrl-C)" if interrupted else f"{type(error).__name__}: {error}".splitlines()[0]
     if run_dir is not None:
-        summary = {"algorithm": ALGORITHM, "env_name": config.env_name, "num_seeds": plan.num_seeds,
-                   "stopped": why, "completed_updates": log.num_updates, "num_updates": config.num_updates}
+        summary = {
+            "algorithm": ALGORITHM,
+            "env_name": config.env_name,
+            "num_seeds": plan.num_seeds,
+            "stopped": why,
+            "completed_updates": log.num_updates,
+            "num_updates": config.num_updates,
+        }
         try:
             if log.chunks:
                 metrics = log.metrics()
@@ -1108,8 +1293,11 @@ def stopped_early(config: Config, plan: RunPlan, log: TrainingLog, run_dir: str 
         except OSError:
             pass  # the error that stopped training is the one to report
         print(f"results: {run_dir}", flush=True)
-    print(f"{program_name()}: error: training stopped after {log.num_updates} of {config.num_updates} updates: "
-          f"{why}" + (f"; the finished updates are in {run_dir}" if run_dir else ""), file=sys.stderr)
+    print(
+        f"{program_name()}: error: training stopped after {log.num_updates} of {config.num_updates} updates: "
+        f"{why}" + (f"; the finished updates are in {run_dir}" if run_dir else ""),
+        file=sys.stderr,
+    )
     return 130 if interrupted else 1
 
 

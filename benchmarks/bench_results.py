@@ -15,6 +15,7 @@ Writes into --out (benchmarks/results by default), named by backend:
   results_<backend>.md     the table, from the newest measurement of each row
   results_<backend>.png    learning curves against env steps and against wall-clock seconds
 """
+
 import argparse
 import json
 import os
@@ -32,14 +33,66 @@ RUNS = [
     ("ppo", "Acrobot-v1", ["--total-timesteps", "300000"]),
     ("dqn", "Acrobot-v1", ["--total-timesteps", "300000"]),
     ("pqn", "Acrobot-v1", ["--total-timesteps", "300000"]),
-    ("ppo", "Breakout-MinAtar", ["--total-timesteps", "1000000", "--num-envs", "64", "--num-steps", "64",
-                                 "--num-minibatches", "8", "--lr", "5e-4", "--activation", "relu",
-                                 "--hidden-size", "256", "--num-seeds", "4"]),
-    ("dqn", "Breakout-MinAtar", ["--total-timesteps", "1000000", "--buffer-size", "100000", "--learning-starts",
-                                 "10000", "--lr", "1e-4", "--hidden-size", "256", "--target-update-frequency",
-                                 "1000", "--num-seeds", "4"]),
-    ("pqn", "Breakout-MinAtar", ["--total-timesteps", "1000000", "--num-envs", "64", "--num-steps", "32",
-                                 "--lr", "2.5e-4", "--hidden-size", "256", "--num-seeds", "4"]),
+    (
+        "ppo",
+        "Breakout-MinAtar",
+        [
+            "--total-timesteps",
+            "1000000",
+            "--num-envs",
+            "64",
+            "--num-steps",
+            "64",
+            "--num-minibatches",
+            "8",
+            "--lr",
+            "5e-4",
+            "--activation",
+            "relu",
+            "--hidden-size",
+            "256",
+            "--num-seeds",
+            "4",
+        ],
+    ),
+    (
+        "dqn",
+        "Breakout-MinAtar",
+        [
+            "--total-timesteps",
+            "1000000",
+            "--buffer-size",
+            "100000",
+            "--learning-starts",
+            "10000",
+            "--lr",
+            "1e-4",
+            "--hidden-size",
+            "256",
+            "--target-update-frequency",
+            "1000",
+            "--num-seeds",
+            "4",
+        ],
+    ),
+    (
+        "pqn",
+        "Breakout-MinAtar",
+        [
+            "--total-timesteps",
+            "1000000",
+            "--num-envs",
+            "64",
+            "--num-steps",
+            "32",
+            "--lr",
+            "2.5e-4",
+            "--hidden-size",
+            "256",
+            "--num-seeds",
+            "4",
+        ],
+    ),
     ("ppo_continuous", "Pendulum-v1", []),
     ("ppo_continuous", "MountainCarContinuous-v0", []),
     ("ppo_rnn", "CartPole-v1-no-velocity", []),
@@ -63,21 +116,31 @@ def measure(name: str, env: str, flags: list, seeds: int, scale: float, runs_dir
         curve = _nanmean_rows(returns)
     every = max(1, len(curve) // 200)  # at most ~200 points of curve per row in the jsonl
     return {
-        "algorithm": name, "env_name": env, "flags": flags, "num_seeds": summary["num_seeds"],
+        "algorithm": name,
+        "env_name": env,
+        "flags": flags,
+        "num_seeds": summary["num_seeds"],
         "total_timesteps": summary["trained_timesteps"],
-        "final_return_mean": summary["final_return_mean"], "final_return_std": summary["final_return_std"],
-        "final_return_per_seed": summary["final_return_per_seed"], "eval_return_mean": summary["eval_return_mean"],
-        "compile_seconds": summary["compile_seconds"], "train_seconds": summary["train_seconds"],
-        "steps_per_second": summary["steps_per_second"], "exit_code": result["exit_code"],
-        "curve": {"env_steps": metrics["env_steps"][0, 0, ::every].tolist(),
-                  "wall_seconds": metrics["wall_seconds"][::every].tolist(),
-                  "return_mean": [None if np.isnan(x) else float(x) for x in curve[::every]]},
+        "final_return_mean": summary["final_return_mean"],
+        "final_return_std": summary["final_return_std"],
+        "final_return_per_seed": summary["final_return_per_seed"],
+        "eval_return_mean": summary["eval_return_mean"],
+        "compile_seconds": summary["compile_seconds"],
+        "train_seconds": summary["train_seconds"],
+        "steps_per_second": summary["steps_per_second"],
+        "exit_code": result["exit_code"],
+        "curve": {
+            "env_steps": metrics["env_steps"][0, 0, ::every].tolist(),
+            "wall_seconds": metrics["wall_seconds"][::every].tolist(),
+            "return_mean": [None if np.isnan(x) else float(x) for x in curve[::every]],
+        },
         "machine": machine(),
     }
 
 
 def _default(name: str, field: str):
     import ast
+
     tree = ast.parse(open(algorithm_path(name)).read())
     for node in ast.walk(tree):
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == field:
@@ -89,7 +152,7 @@ def _without(flags: list, flag: str) -> list:
     if flag not in flags:
         return flags
     i = flags.index(flag)
-    return flags[:i] + flags[i + 2:]
+    return flags[:i] + flags[i + 2 :]
 
 
 def _nanmean_rows(x: np.ndarray) -> np.ndarray:
@@ -117,12 +180,15 @@ def write_table(records: list, path: str) -> None:
     order = {(name, env): i for i, (name, env, _) in enumerate(RUNS)}
     rows = sorted(latest.values(), key=lambda r: order.get((r["algorithm"], r["env_name"]), len(order)))
     lines = [
-        "# Results: every algorithm on its environments", "",
+        "# Results: every algorithm on its environments",
+        "",
         describe(rows[0]["machine"]) + ". Written by `benchmarks/bench_results.py`; each row is the algorithm's "
-        "command line in a fresh process with an empty compile cache.", "",
+        "command line in a fresh process with an empty compile cache.",
+        "",
         "Final return: per seed, the mean return of training episodes ending in the last 5% of updates; "
         "mean ± std over seeds. Eval: greedy policy after training, mean over seeds. Steps/s: env steps of all "
-        "seeds per second of training (compile excluded).", "",
+        "seeds per second of training (compile excluded).",
+        "",
         "| env | algorithm | seeds | env steps per seed | final return | eval return | compile s | train s | "
         "env steps/s | non-default flags |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -133,12 +199,14 @@ def write_table(records: list, path: str) -> None:
             f"| {r['env_name']} | {r['algorithm']}.py | {r['num_seeds']} | {r['total_timesteps']:,} | "
             f"{_fmt(r['final_return_mean'])} ± {_fmt(r['final_return_std'])} | {_fmt(r['eval_return_mean'])} | "
             f"{r['compile_seconds']:.1f} | {r['train_seconds']:.1f} | {r['steps_per_second']:,.0f} | "
-            f"{'`' + extra + '`' if extra else ''} |")
+            f"{'`' + extra + '`' if extra else ''} |"
+        )
     write_markdown(path, lines)
 
 
 def plot(records: list, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -169,9 +237,12 @@ def plot(records: list, path: str) -> None:
     axes[0, 0].set_ylabel("mean episode return")
     axes[1, 0].set_ylabel("mean episode return")
     where = next(iter(latest.values()))["machine"]
-    fig.suptitle("mean return of the episodes that ended, over seeds (moving average of 10 points); "
-                 f"{where['backend']} ({where['device']}), {where['cpu_cores']} CPU cores, "
-                 f"jax {where['versions'].get('jax')}", fontsize="small")
+    fig.suptitle(
+        "mean return of the episodes that ended, over seeds (moving average of 10 points); "
+        f"{where['backend']} ({where['device']}), {where['cpu_cores']} CPU cores, "
+        f"jax {where['versions'].get('jax')}",
+        fontsize="small",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -180,8 +251,13 @@ def plot(records: list, path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", action="append", default=[], metavar="ALGO[:ENV]",
-                        help="run only these rows (repeatable); the table still shows earlier measurements")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="ALGO[:ENV]",
+        help="run only these rows (repeatable); the table still shows earlier measurements",
+    )
     parser.add_argument("--seeds", type=int, default=8, help="seeds per row unless the row sets --num-seeds")
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of each row's budget (smoke runs)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
@@ -189,11 +265,11 @@ def main() -> None:
     args = parser.parse_args()
 
     import jax
+
     backend = jax.default_backend()
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"results_{backend}")
-    selected = [(n, e, f) for n, e, f in RUNS if not args.only
-                or any(s in (n, f"{n}:{e}") for s in args.only)]
+    selected = [(n, e, f) for n, e, f in RUNS if not args.only or any(s in (n, f"{n}:{e}") for s in args.only)]
     if not args.report_only:
         if not selected:
             parser.error(f"--only matched no row; rows are: {', '.join(f'{n}:{e}' for n, e, _ in RUNS)}")
@@ -205,10 +281,13 @@ def main() -> None:
                 record = measure(name, env, flags, args.seeds, args.scale, runs_dir)
                 with open(base + ".jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
-                print(f"{name:15s} {env:26s} final {_fmt(record['final_return_mean'])} ± "
-                      f"{_fmt(record['final_return_std'])}  eval {_fmt(record['eval_return_mean'])}  "
-                      f"compile {record['compile_seconds']:.1f} s  "
-                      f"train {record['train_seconds']:.1f} s  {record['steps_per_second']:,.0f} steps/s", flush=True)
+                print(
+                    f"{name:15s} {env:26s} final {_fmt(record['final_return_mean'])} ± "
+                    f"{_fmt(record['final_return_std'])}  eval {_fmt(record['eval_return_mean'])}  "
+                    f"compile {record['compile_seconds']:.1f} s  "
+                    f"train {record['train_seconds']:.1f} s  {record['steps_per_second']:,.0f} steps/s",
+                    flush=True,
+                )
     with open(base + ".jsonl") as f:
         records = [json.loads(line) for line in f if line.strip()]
     write_table(records, base + ".md")

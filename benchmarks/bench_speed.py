@@ -24,6 +24,7 @@ What it measures, each in a fresh process (so every compile is cold unless state
      one run of this script.
 Results: benchmarks/results/<algo>_<backend>.md and a .jsonl of every measurement.
 """
+
 import argparse
 import json
 import os
@@ -38,14 +39,47 @@ from common import ROOT, algorithm_path, describe, machine, run_cli, write_markd
 PEER_DRIVER = os.path.join(ROOT, "benchmarks", "peers", "purejaxrl_driver.py")
 # PureJAXRL's CartPole configs (the dicts at the bottom of its ppo.py and dqn.py), in our field names.
 PUREJAXRL_CONFIG = {
-    "ppo": dict(num_envs=4, num_steps=128, update_epochs=4, num_minibatches=4, lr=2.5e-4, anneal_lr=True,
-                gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
-                activation="tanh", hidden_size=64, num_layers=2, total_timesteps=500_000),
-    # PureJAXRL's dqn.py clips no gradients; our clip at norm 1000 never binds on CartPole.
-    "dqn": dict(num_envs=10, buffer_size=10_000, batch_size=128, learning_starts=10_000, train_frequency=10,
-                target_update_frequency=500, tau=1.0, lr=2.5e-4, anneal_lr=False, gamma=0.99, eps_start=1.0,
-                eps_end=0.05, eps_fraction=0.5, double_dqn=False, loss="mse", activation="relu",
-                hidden_sizes="120,84", total_timesteps=500_000),
+    "ppo": dict(
+        num_envs=4,
+        num_steps=128,
+        update_epochs=4,
+        num_minibatches=4,
+        lr=2.5e-4,
+        anneal_lr=True,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_eps=0.2,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        activation="tanh",
+        hidden_size=64,
+        num_layers=2,
+        total_timesteps=500_000,
+    ),
+    # PureJAXRL's dqn.py clips no gradients; our clip at norm 1000 never binds on CartPole. Its
+    # Q-network is 120-84 wide; ours has layers of one width, so 120-120: more arithmetic for us.
+    "dqn": dict(
+        num_envs=10,
+        buffer_size=10_000,
+        batch_size=128,
+        learning_starts=10_000,
+        train_frequency=10,
+        target_update_frequency=500,
+        tau=1.0,
+        lr=2.5e-4,
+        anneal_lr=False,
+        gamma=0.99,
+        eps_start=1.0,
+        eps_end=0.05,
+        eps_fraction=0.5,
+        double_dqn=False,
+        loss="mse",
+        activation="relu",
+        hidden_size=120,
+        num_layers=2,
+        total_timesteps=500_000,
+    ),
 }
 PRESET_TEXT = {
     "ppo": "4 envs x 128 steps, 4 x 4 minibatches, 5e5 steps",
@@ -57,6 +91,7 @@ SCHEDULER_ON = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
 
 def load(algorithm: str):
     import importlib.util
+
     spec = importlib.util.spec_from_file_location(algorithm, algorithm_path(algorithm))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -80,10 +115,21 @@ def worker(algorithm: str, seeds: int, preset: str) -> None:
     run_s = time.perf_counter() - compiled_at
     metrics = {k: np.asarray(v) for k, v in metrics.items()}
     steps = int(metrics["env_steps"][0, -1])
-    print("RESULT " + json.dumps({"bench": f"ours_{algorithm}", "num_seeds": seeds, "compile_s": compiled_at - start,
-                                  "run_s": run_s, "steps_per_s": steps * seeds / run_s,
-                                  "final_return_mean": float(np.mean(module.final_returns(metrics))),
-                                  "xla_flags": os.environ.get("XLA_FLAGS", "")}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "bench": f"ours_{algorithm}",
+                "num_seeds": seeds,
+                "compile_s": compiled_at - start,
+                "run_s": run_s,
+                "steps_per_s": steps * seeds / run_s,
+                "final_return_mean": float(np.mean(module.final_returns(metrics))),
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            }
+        ),
+        flush=True,
+    )
 
 
 def run_result(cmd: list, env: dict | None = None, timeout: int = 900) -> dict | None:
@@ -95,7 +141,7 @@ def run_result(cmd: list, env: dict | None = None, timeout: int = 900) -> dict |
         return None
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     print(f"  no result (exit {out.returncode}): {' '.join(cmd)}\n{out.stderr[-2000:]}", flush=True)
     return None
 
@@ -111,14 +157,20 @@ def preset_flags(algorithm: str, seeds: int) -> list:
 def cli_result(algorithm: str, flags: list, cache_dir: str, runs_dir: str) -> dict:
     """One command-line run in a fresh process; returns its summary plus time-to-threshold."""
     import numpy as np
+
     result = run_cli(algorithm, flags, runs_dir, cache_dir, timeout=900)
     summary = result["summary"]
     returns = np.nan_to_num(result["metrics"]["episode_return"][0], nan=-np.inf)  # [seeds, updates]
     reached = np.maximum.accumulate(returns >= THRESHOLD, axis=1).all(axis=0)
     fraction = (int(np.argmax(reached)) + 1) / returns.shape[1] if reached.any() else None
-    return {**summary, "process_wall_s": result["process_wall_s"], "threshold_fraction_of_training": fraction,
-            "seconds_to_threshold": None if fraction is None
-            else summary["compile_seconds"] + fraction * summary["train_seconds"]}
+    return {
+        **summary,
+        "process_wall_s": result["process_wall_s"],
+        "threshold_fraction_of_training": fraction,
+        "seconds_to_threshold": None
+        if fraction is None
+        else summary["compile_seconds"] + fraction * summary["train_seconds"],
+    }
 
 
 def main() -> None:
@@ -126,15 +178,23 @@ def main() -> None:
     parser.add_argument("algorithm", choices=sorted(PUREJAXRL_CONFIG))
     parser.add_argument("--worker", action="store_true", help="internal: time one jitted call and print RESULT")
     parser.add_argument("--seeds", type=int, default=1, help="worker: vmapped seeds")
-    parser.add_argument("--preset", default="purejaxrl", choices=["purejaxrl", "defaults"],
-                        help="worker: PureJAXRL's CartPole hyperparameters or the file's defaults")
+    parser.add_argument(
+        "--preset",
+        default="purejaxrl",
+        choices=["purejaxrl", "defaults"],
+        help="worker: PureJAXRL's CartPole hyperparameters or the file's defaults",
+    )
     parser.add_argument("--seed-counts", default="1,8", help="throughput at these seed counts")
     parser.add_argument("--rounds", type=int, default=2, help="repetitions of the throughput comparison")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
-    parser.add_argument("--purejaxrl", metavar="PATH",
-                        help="root of a PureJAXRL checkout: time its own file in every round as well")
-    parser.add_argument("--peer-python", default=sys.executable,
-                        help="interpreter for benchmarks/peers/purejaxrl_driver.py (dqn needs one with flashbax)")
+    parser.add_argument(
+        "--purejaxrl", metavar="PATH", help="root of a PureJAXRL checkout: time its own file in every round as well"
+    )
+    parser.add_argument(
+        "--peer-python",
+        default=sys.executable,
+        help="interpreter for benchmarks/peers/purejaxrl_driver.py (dqn needs one with flashbax)",
+    )
     args = parser.parse_args()
     algorithm = args.algorithm
     if args.worker:
@@ -145,10 +205,13 @@ def main() -> None:
     if purejaxrl and algorithm == "dqn":
         check = subprocess.run([args.peer_python, "-c", "import flashbax"], capture_output=True, timeout=120)
         if check.returncode:
-            parser.error(f"PureJAXRL's dqn.py needs flashbax, which {args.peer_python} cannot import "
-                         "(pip install flashbax, or pass --peer-python)")
+            parser.error(
+                f"PureJAXRL's dqn.py needs flashbax, which {args.peer_python} cannot import "
+                "(pip install flashbax, or pass --peer-python)"
+            )
 
     import jax
+
     backend = jax.default_backend()
     os.makedirs(args.out, exist_ok=True)
     raw_path = os.path.join(args.out, f"{algorithm}_{backend}.jsonl")
@@ -167,8 +230,11 @@ def main() -> None:
             result = cli_result(algorithm, [], cache, runs)
             record(f"cli_defaults_{attempt}", result)
             finals = [round(x) for x in result["final_return_per_seed"]]
-            print(f"defaults ({attempt} cache): compile {result['compile_seconds']:.1f} s, train "
-                  f"{result['train_seconds']:.1f} s, final returns {finals}", flush=True)
+            print(
+                f"defaults ({attempt} cache): compile {result['compile_seconds']:.1f} s, train "
+                f"{result['train_seconds']:.1f} s, final returns {finals}",
+                flush=True,
+            )
 
         # The command line runs the updates in ~10 chunks to report progress, over one device per
         # core; one jitted call of the whole run on one device shows what both together change.
@@ -180,10 +246,11 @@ def main() -> None:
         for round_index in range(args.rounds):
             for seeds in map(int, args.seed_counts.split(",")):
                 jit = [*me, "--seeds", str(seeds)]
-                jobs = [("jit", lambda: run_result(jit)),
-                        ("jit_xla_scheduler", lambda: run_result(jit, {**os.environ, "XLA_FLAGS": SCHEDULER_ON})),
-                        ("cli", lambda: cli_run(algorithm, seeds, os.path.join(tmp, f"cache{round_index}-{seeds}"),
-                                                runs))]
+                jobs = [
+                    ("jit", lambda: run_result(jit)),
+                    ("jit_xla_scheduler", lambda: run_result(jit, {**os.environ, "XLA_FLAGS": SCHEDULER_ON})),
+                    ("cli", lambda: cli_run(algorithm, seeds, os.path.join(tmp, f"cache{round_index}-{seeds}"), runs)),
+                ]
                 if purejaxrl:
                     peer = [args.peer_python, PEER_DRIVER, algorithm, "--purejaxrl", purejaxrl, "--seeds", str(seeds)]
                     jobs.append(("purejaxrl", lambda: run_result(peer)))
@@ -193,18 +260,27 @@ def main() -> None:
                     result = job()
                     if result:
                         record(f"throughput_{name}", {**result, "round": round_index, "seeds": seeds})
-                        print(f"round {round_index + 1} {name:18s} {seeds:3d} seeds: compile "
-                              f"{result['compile_s']:.1f} s, {result['steps_per_s']:,.0f} steps/s, "
-                              f"final {result['final_return_mean']:.0f}", flush=True)
+                        print(
+                            f"round {round_index + 1} {name:18s} {seeds:3d} seeds: compile "
+                            f"{result['compile_s']:.1f} s, {result['steps_per_s']:,.0f} steps/s, "
+                            f"final {result['final_return_mean']:.0f}",
+                            flush=True,
+                        )
     write_table(algorithm, records, os.path.join(args.out, f"{algorithm}_{backend}.md"))
 
 
 def cli_run(algorithm: str, seeds: int, cache_dir: str, runs_dir: str) -> dict:
     """The command line at PureJAXRL's hyperparameters, cold cache, in the worker's result format."""
     summary = run_cli(algorithm, preset_flags(algorithm, seeds), runs_dir, cache_dir, timeout=900)["summary"]
-    return {"bench": f"cli_{algorithm}", "num_seeds": seeds, "compile_s": summary["compile_seconds"],
-            "run_s": summary["train_seconds"], "steps_per_s": summary["steps_per_second"],
-            "final_return_mean": summary["final_return_mean"], "devices": len(summary["devices"])}
+    return {
+        "bench": f"cli_{algorithm}",
+        "num_seeds": seeds,
+        "compile_s": summary["compile_seconds"],
+        "run_s": summary["train_seconds"],
+        "steps_per_s": summary["steps_per_second"],
+        "final_return_mean": summary["final_return_mean"],
+        "devices": len(summary["devices"]),
+    }
 
 
 def write_table(algorithm: str, records: list, path: str) -> None:
@@ -224,40 +300,57 @@ def write_table(algorithm: str, records: list, path: str) -> None:
     ]
     for name, r in (("cold", cold), ("warm", warm)):
         to_threshold = "never" if r["seconds_to_threshold"] is None else f"{r['seconds_to_threshold']:.1f}"
-        lines.append(f"| {name} | {r['compile_seconds']:.2f} | {r['train_seconds']:.1f} | "
-                     f"{r['steps_per_second']:,.0f} | {', '.join(str(round(x)) for x in r['final_return_per_seed'])} | "
-                     f"{to_threshold} |")
+        lines.append(
+            f"| {name} | {r['compile_seconds']:.2f} | {r['train_seconds']:.1f} | "
+            f"{r['steps_per_second']:,.0f} | {', '.join(str(round(x)) for x in r['final_return_per_seed'])} | "
+            f"{to_threshold} |"
+        )
     mono = next((r for r in records if r["kind"] == "monolithic_defaults"), None)
     if mono:
-        lines += ["", f"The command line (progress in ~10 chunks, runs spread over {len(cold['devices'])} device(s)): "
-                  f"{cold['steps_per_second']:,.0f} env steps/s (cold run) against {mono['steps_per_s']:,.0f} for the "
-                  "same config as one `jax.jit(jax.vmap(train))` call on one device: "
-                  f"{cold['steps_per_second'] / mono['steps_per_s']:.2f}x."]
+        lines += [
+            "",
+            f"The command line (progress in ~10 chunks, runs spread over {len(cold['devices'])} device(s)): "
+            f"{cold['steps_per_second']:,.0f} env steps/s (cold run) against {mono['steps_per_s']:,.0f} for the "
+            "same config as one `jax.jit(jax.vmap(train))` call on one device: "
+            f"{cold['steps_per_second'] / mono['steps_per_s']:.2f}x.",
+        ]
     jobs = [("jit", "ours, one jit call"), ("jit_xla_scheduler", "same, XLA scheduler"), ("cli", "ours, command line")]
-    lines += ["", f"## PureJAXRL's CartPole hyperparameters ({PRESET_TEXT[algorithm]})", "",
-              "Medians over rounds; each ratio is taken within a round. `one jit call`: `jax.jit(jax.vmap(train))` "
-              "on one device, timed as PureJAXRL is timed. `XLA scheduler`: the same under XLA's default CPU "
-              "scheduler, which the files turn off because it has deadlocked vmapped PPO here. `command line`: "
-              f"`python algorithms/{algorithm}.py` with these hyperparameters (train seconds, one device per core).",
-              "",
-              "| seeds | " + " | ".join(f"{label} compile s | {label} steps/s" for _, label in jobs)
-              + " | PureJAXRL compile s | PureJAXRL steps/s | "
-              + " | ".join(f"{label} / PureJAXRL" for _, label in jobs) + " |",
-              "|---" * (3 + 3 * len(jobs)) + "|"]
+    lines += [
+        "",
+        f"## PureJAXRL's CartPole hyperparameters ({PRESET_TEXT[algorithm]})",
+        "",
+        "Medians over rounds; each ratio is taken within a round. `one jit call`: `jax.jit(jax.vmap(train))` "
+        "on one device, timed as PureJAXRL is timed. `XLA scheduler`: the same under XLA's default CPU "
+        "scheduler, which the files turn off because it has deadlocked vmapped PPO here. `command line`: "
+        f"`python algorithms/{algorithm}.py` with these hyperparameters (train seconds, one device per core).",
+        "",
+        "| seeds | "
+        + " | ".join(f"{label} compile s | {label} steps/s" for _, label in jobs)
+        + " | PureJAXRL compile s | PureJAXRL steps/s | "
+        + " | ".join(f"{label} / PureJAXRL" for _, label in jobs)
+        + " |",
+        "|---" * (3 + 3 * len(jobs)) + "|",
+    ]
     fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
     med = lambda rs, k: statistics.median(r[k] for r in rs) if rs else None  # noqa: E731
     for seeds in sorted({r["seeds"] for r in records if r["kind"].startswith("throughput")}):
-        runs = {name: [r for r in records if r["kind"] == f"throughput_{name}" and r["seeds"] == seeds]
-                for name in [j for j, _ in jobs] + ["purejaxrl"]}
-        cells = [f"{fmt(med(runs[j], 'compile_s'), '.2f')} | {fmt(med(runs[j], 'steps_per_s'), ',.0f')}"
-                 for j, _ in jobs]
+        runs = {
+            name: [r for r in records if r["kind"] == f"throughput_{name}" and r["seeds"] == seeds]
+            for name in [j for j, _ in jobs] + ["purejaxrl"]
+        }
+        cells = [
+            f"{fmt(med(runs[j], 'compile_s'), '.2f')} | {fmt(med(runs[j], 'steps_per_s'), ',.0f')}" for j, _ in jobs
+        ]
         ratios = []
         for j, _ in jobs:
             pairs = [(o, t) for o in runs[j] for t in runs["purejaxrl"] if o["round"] == t["round"]]
-            ratios.append(fmt(statistics.median(o["steps_per_s"] / t["steps_per_s"] for o, t in pairs)
-                              if pairs else None, ".2f"))
-        lines.append(f"| {seeds} | {' | '.join(cells)} | {fmt(med(runs['purejaxrl'], 'compile_s'), '.2f')} | "
-                     f"{fmt(med(runs['purejaxrl'], 'steps_per_s'), ',.0f')} | {' | '.join(ratios)} |")
+            ratios.append(
+                fmt(statistics.median(o["steps_per_s"] / t["steps_per_s"] for o, t in pairs) if pairs else None, ".2f")
+            )
+        lines.append(
+            f"| {seeds} | {' | '.join(cells)} | {fmt(med(runs['purejaxrl'], 'compile_s'), '.2f')} | "
+            f"{fmt(med(runs['purejaxrl'], 'steps_per_s'), ',.0f')} | {' | '.join(ratios)} |"
+        )
     write_markdown(path, lines)
 
 

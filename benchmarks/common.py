@@ -1,5 +1,6 @@
 """What every benchmark script here shares: running an algorithm file's command line in a fresh
 process, reading back the run directory it wrote, and describing the machine it ran on."""
+
 import json
 import os
 import platform
@@ -22,20 +23,32 @@ def run_cli(name: str, flags: list, runs_dir: str, cache_dir: str, timeout: int 
     process's wall-clock, and the exit code (3 means non-finite values appeared)."""
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache_dir}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, algorithm_path(name), *map(str, flags), "--quiet", "--runs-dir", runs_dir],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, algorithm_path(name), *map(str, flags), "--quiet", "--runs-dir", runs_dir],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     wall = time.perf_counter() - start
     lines = proc.stdout.strip().splitlines()
     if proc.returncode not in (0, 3) or not lines or not lines[-1].startswith("results: "):
-        raise RuntimeError(f"{name}.py {' '.join(map(str, flags))} failed (exit {proc.returncode}):\n"
-                           f"{proc.stderr[-3000:]}")
-    run_dir = os.path.join(ROOT, lines[-1][len("results: "):])
+        raise RuntimeError(
+            f"{name}.py {' '.join(map(str, flags))} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    run_dir = os.path.join(ROOT, lines[-1][len("results: ") :])
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     with np.load(os.path.join(run_dir, "metrics.npz")) as npz:
         metrics = {k: npz[k] for k in npz.files}
-    return {"summary": summary, "metrics": metrics, "run_dir": run_dir, "process_wall_s": wall,
-            "exit_code": proc.returncode}
+    return {
+        "summary": summary,
+        "metrics": metrics,
+        "run_dir": run_dir,
+        "process_wall_s": wall,
+        "exit_code": proc.returncode,
+    }
 
 
 def machine() -> dict:
@@ -43,21 +56,30 @@ def machine() -> dict:
     from importlib import metadata
 
     import jax
+
     versions = {}
     for package in ("jax", "jaxlib", "flax", "optax", "gymnax", "distrax"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
-    return {"platform": platform.machine(), "cpu_cores": os.cpu_count(), "backend": jax.default_backend(),
-            "device": jax.devices()[0].device_kind, "python": platform.python_version(), "versions": versions,
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "platform": platform.machine(),
+        "cpu_cores": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
+        "python": platform.python_version(),
+        "versions": versions,
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def describe(machine: dict) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
-    return (f"Measured {machine['date']} on {machine['platform']} with {machine['cpu_cores']} CPU cores, backend "
-            f"{machine['backend']} ({machine['device']}), Python {machine['python']}, {versions}")
+    return (
+        f"Measured {machine['date']} on {machine['platform']} with {machine['cpu_cores']} CPU cores, backend "
+        f"{machine['backend']} ({machine['device']}), Python {machine['python']}, {versions}"
+    )
 
 
 def write_markdown(path: str, lines: list) -> None:

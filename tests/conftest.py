@@ -5,6 +5,7 @@ each once per session (`load_algorithm`), so the whole session shares one copy o
 and its jit caches. Importing one does nothing but define things; the tests then ask for the
 command line's XLA set-up explicitly (configure_xla), before any test starts JAX's backend.
 """
+
 import importlib.util
 import os
 import pathlib
@@ -33,8 +34,9 @@ def _load(name: str, path: pathlib.Path):
 
 
 # What the user asked for before configure_xla added its flags.
-USER_SET_CPU_DEVICES = ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
-                        or "JAX_NUM_CPU_DEVICES" in os.environ)
+USER_SET_CPU_DEVICES = (
+    "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or "JAX_NUM_CPU_DEVICES" in os.environ
+)
 _PPO = _load("ppo", PPO_PATH)
 
 
@@ -50,22 +52,28 @@ def pytest_configure(config):
 #   2: truncated mid-rollout (t=1) and truncated at the last step
 #   3: terminated AND truncated at the same step (t=3), and both at the last step
 #   4: two boundaries in a row (truncated t=2, terminated t=3), nothing at the last step
-TERMINATED = np.array([
-    [0, 0, 0, 0, 0],
-    [0, 0, 0, 0, 0],
-    [0, 1, 0, 0, 0],
-    [0, 0, 0, 1, 1],
-    [0, 0, 0, 0, 0],
-    [0, 1, 0, 1, 0],
-], bool)
-TRUNCATED = np.array([
-    [0, 0, 0, 0, 0],
-    [0, 0, 1, 0, 0],
-    [0, 0, 0, 0, 1],
-    [0, 0, 0, 1, 0],
-    [0, 0, 0, 0, 0],
-    [0, 0, 1, 1, 0],
-], bool)
+TERMINATED = np.array(
+    [
+        [0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0],
+        [0, 0, 0, 1, 1],
+        [0, 0, 0, 0, 0],
+        [0, 1, 0, 1, 0],
+    ],
+    bool,
+)
+TRUNCATED = np.array(
+    [
+        [0, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 1],
+        [0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0],
+        [0, 0, 1, 1, 0],
+    ],
+    bool,
+)
 
 
 def check_bootstrap_at_truncation_only(returns_of, next_value, gamma: float, lam: float) -> None:
@@ -88,6 +96,7 @@ def check_bootstrap_at_truncation_only(returns_of, next_value, gamma: float, lam
         bumped[t, n] += 10.0
         np.testing.assert_array_equal(returns_of(bumped), base, err_msg=f"terminated at t={t}, env {n}")
 
+
 def pytest_collection_modifyitems(items):
     """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py."""
     for item in items:
@@ -107,24 +116,77 @@ def load_algorithm(name: str):
 # says which algorithm it tests with a `name` fixture. Values: (Config fields, updates they give,
 # a learning rate that is not the config's, for the sweep test).
 SMALL_TRAIN = {
-    "ppo": (dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6, num_minibatches=2, update_epochs=2,
-                 num_seeds=1), 6, 1e-3),
+    "ppo": (
+        dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6, num_minibatches=2, update_epochs=2, num_seeds=1),
+        6,
+        1e-3,
+    ),
     # 4-step rollouts: no CartPole episode ends within the first update, later ones do.
-    "pqn": (dict(num_envs=8, num_steps=4, total_timesteps=8 * 4 * 6, num_minibatches=2, update_epochs=2,
-                 num_seeds=1, hidden_size=32, eps_start=0.9, eps_end=0.1, eps_fraction=0.5), 6, 3e-3),
+    "pqn": (
+        dict(
+            num_envs=8,
+            num_steps=4,
+            total_timesteps=8 * 4 * 6,
+            num_minibatches=2,
+            update_epochs=2,
+            num_seeds=1,
+            hidden_size=32,
+            eps_start=0.9,
+            eps_end=0.1,
+            eps_fraction=0.5,
+        ),
+        6,
+        3e-3,
+    ),
     # 4 envs of CartPole without velocities, 2 minibatches of 2 whole env sequences.
-    "ppo_rnn": (dict(env_name="CartPole-v1-no-velocity", num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6,
-                     num_minibatches=2, update_epochs=2, num_seeds=1, hidden_size=16), 6, 1e-3),
+    "ppo_rnn": (
+        dict(
+            env_name="CartPole-v1-no-velocity",
+            num_envs=4,
+            num_steps=16,
+            total_timesteps=4 * 16 * 6,
+            num_minibatches=2,
+            update_epochs=2,
+            num_seeds=1,
+            hidden_size=16,
+        ),
+        6,
+        1e-3,
+    ),
     # Pendulum episodes last 200 steps: they all end in the last update. Kept that short on purpose:
     # Pendulum's dynamics amplify batched-vs-single rounding (~1e-7) about 10x per 40 steps, past
     # test_train's rtol 1e-5 after ~250 steps per env.
-    "ppo_continuous": (dict(env_name="Pendulum-v1", num_envs=4, num_steps=50, total_timesteps=4 * 50 * 4,
-                            num_minibatches=2, update_epochs=2, num_seeds=1), 4, 1e-3),
+    "ppo_continuous": (
+        dict(
+            env_name="Pendulum-v1",
+            num_envs=4,
+            num_steps=50,
+            total_timesteps=4 * 50 * 4,
+            num_minibatches=2,
+            update_epochs=2,
+            num_seeds=1,
+        ),
+        4,
+        1e-3,
+    ),
     # num_envs=3 divides neither interval: gradient steps and target updates fall between
     # vectorized steps.
-    "dqn": (dict(num_envs=3, num_steps=8, total_timesteps=3 * 8 * 5, buffer_size=50, batch_size=16,
-                 learning_starts=30, train_frequency=4, target_update_frequency=10, eps_fraction=0.5,
-                 num_seeds=1), 5, 1e-3),
+    "dqn": (
+        dict(
+            num_envs=3,
+            num_steps=8,
+            total_timesteps=3 * 8 * 5,
+            buffer_size=50,
+            batch_size=16,
+            learning_starts=30,
+            train_frequency=4,
+            target_update_frequency=10,
+            eps_fraction=0.5,
+            num_seeds=1,
+        ),
+        5,
+        1e-3,
+    ),
 }
 _SHARED = {}
 
@@ -156,9 +218,11 @@ def keys():
 @pytest.fixture(scope="module")
 def single(name, train, keys):
     """jax.jit(train) on keys 0 and 1, and on key 0 a second time."""
+
     def make():
         run = jax.jit(train)
         return [jax.device_get(run(key)) for key in (keys[0], keys[1], keys[0])]
+
     return _shared(("single", name), make)
 
 

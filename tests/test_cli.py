@@ -6,6 +6,7 @@ for it. Every run of one file shares one fresh compile cache (JAX_COMPILATION_CA
 temp dir), so only the first run of each program shape pays for compilation; runs that differ
 only in float hyperparameters (run-time inputs) reuse it.
 """
+
 import dataclasses
 import hashlib
 import json
@@ -26,15 +27,15 @@ from conftest import ROOT, USER_SET_CPU_DEVICES, load_algorithm
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    small: tuple            # flags of a small run: 2 seeds, a few updates
-    steps_per_update: int   # env steps per update of one run in that small run
-    diverge: tuple          # flags that make training produce NaN or inf
-    bad_inputs: dict        # algorithm-specific bad inputs: id -> (flags, option named in the error)
+    small: tuple  # flags of a small run: 2 seeds, a few updates
+    steps_per_update: int  # env steps per update of one run in that small run
+    diverge: tuple  # flags that make training produce NaN or inf
+    bad_inputs: dict  # algorithm-specific bad inputs: id -> (flags, option named in the error)
     wrong_action_env: str = "Pendulum-v1"  # an environment whose action space the file refuses
-    env: str = "CartPole-v1"               # the env of the small run (its default Config's)
-    obs_dim: int = 4                       # that env's flat observation size
-    return_range: tuple = (0, 500)         # every episode return that env can give
-    first_kernel: str = "Dense_0/kernel"   # params path suffix of the layer that reads the observation
+    env: str = "CartPole-v1"  # the env of the small run (its default Config's)
+    obs_dim: int = 4  # that env's flat observation size
+    return_range: tuple = (0, 500)  # every episode return that env can give
+    first_kernel: str = "Dense_0/kernel"  # params path suffix of the layer that reads the observation
     # (rtol, atol) between runs that must agree up to float reassociation (a sweep point and a plain
     # run; sharded and single-device runs): training grows 1e-7 rounding differences over updates.
     tolerance: tuple = (1e-4, 1e-5)
@@ -50,60 +51,133 @@ SMALL_SEEDS = 2
 # ppo.py in the fast loop and on the other files only with the slow tests (conftest reads this);
 # the fast loop still runs every file's command line once (the copied script) and checks its run
 # directory.
-SLOW_EXCEPT_PPO = {"test_small_run_writes_a_complete_run_directory", "test_second_run_gets_a_new_directory",
-                   "test_sweep_has_a_leading_sweep_axis", "test_diverging_run_exits_3_and_still_writes_results"}
+SLOW_EXCEPT_PPO = {
+    "test_small_run_writes_a_complete_run_directory",
+    "test_second_run_gets_a_new_directory",
+    "test_sweep_has_a_leading_sweep_axis",
+    "test_diverging_run_exits_3_and_still_writes_results",
+}
 ALGORITHMS = {
     "ppo": Algorithm(
         small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
-        steps_per_update=128, diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={"minibatches-do-not-divide": (["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
-                                                  "--num-minibatches")}),
+        steps_per_update=128,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "minibatches-do-not-divide": (
+                ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
+                "--num-minibatches",
+            )
+        },
+    ),
     "ppo_continuous": Algorithm(
         small=("--total-timesteps", "800", "--num-envs", "4", "--num-steps", "50", "--num-seeds", str(SMALL_SEEDS)),
-        steps_per_update=200, diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={"minibatches-do-not-divide": (["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
-                                                  "--num-minibatches"),
-                    "log-std-init-not-finite": (["--log-std-init", "inf"], "--log-std-init")},
-        wrong_action_env="CartPole-v1", env="Pendulum-v1", obs_dim=3,
+        steps_per_update=200,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "minibatches-do-not-divide": (
+                ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
+                "--num-minibatches",
+            ),
+            "log-std-init-not-finite": (["--log-std-init", "inf"], "--log-std-init"),
+        },
+        wrong_action_env="CartPole-v1",
+        env="Pendulum-v1",
+        obs_dim=3,
         return_range=(-3300, 0),  # Pendulum pays at most pi^2 + 0.1 * 8^2 + 0.001 * 2^2 = 16.27 a step, 200 steps
         # Pendulum's dynamics amplify rounding differences ~10x per 40 steps: 1e-4 after 800 steps.
-        tolerance=(2e-3, 1e-3)),
+        tolerance=(2e-3, 1e-3),
+    ),
     "ppo_rnn": Algorithm(
         small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
-        steps_per_update=128, diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={"minibatches-do-not-divide-envs": (["--num-envs", "4", "--num-minibatches", "3"],
-                                                       "--num-minibatches"),
-                    "negative-num-layers": (["--num-layers", "-1"], "--num-layers")},
-        env="CartPole-v1-no-velocity", obs_dim=2, first_kernel="input_gates/kernel"),
+        steps_per_update=128,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "minibatches-do-not-divide-envs": (["--num-envs", "4", "--num-minibatches", "3"], "--num-minibatches"),
+            "negative-num-layers": (["--num-layers", "-1"], "--num-layers"),
+        },
+        env="CartPole-v1-no-velocity",
+        obs_dim=2,
+        first_kernel="input_gates/kernel",
+    ),
     "dqn": Algorithm(
-        small=("--total-timesteps", "2400", "--num-envs", "4", "--num-steps", "50", "--num-seeds", str(SMALL_SEEDS),
-               "--buffer-size", "1000", "--batch-size", "32", "--learning-starts", "400", "--train-frequency", "4",
-               "--target-update-frequency", "100", "--eval-episodes", "4"),
-        steps_per_update=200, diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={"buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
-                    # 2e9 slots of 41 B for 8 seeds: 656 GB; refused before allocating, naming the size.
-                    "buffer-beyond-memory": (["--buffer-size", "2000000000"], "656 GB"),
-                    "unknown-loss": (["--loss", "l1"], "--loss"),
-                    "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau")}),
+        small=(
+            "--total-timesteps",
+            "2400",
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "50",
+            "--num-seeds",
+            str(SMALL_SEEDS),
+            "--buffer-size",
+            "1000",
+            "--batch-size",
+            "32",
+            "--learning-starts",
+            "400",
+            "--train-frequency",
+            "4",
+            "--target-update-frequency",
+            "100",
+            "--eval-episodes",
+            "4",
+        ),
+        steps_per_update=200,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+            # 2e9 slots of 41 B for 8 seeds: 656 GB; refused before allocating, naming the size.
+            "buffer-beyond-memory": (["--buffer-size", "2000000000"], "656 GB"),
+            "unknown-loss": (["--loss", "l1"], "--loss"),
+            "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau"),
+        },
+    ),
     "pqn": Algorithm(
-        small=("--total-timesteps", "1024", "--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2",
-               "--num-seeds", str(SMALL_SEEDS)),
-        steps_per_update=128, diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={"minibatches-do-not-divide": (["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
-                                                  "--num-minibatches"),
-                    "epsilon-above-1": (["--eps-start", "1.5"], "--eps-start"),
-                    "lambda-below-0": (["--q-lambda", "-0.1"], "--q-lambda"),
-                    "zero-reward-scale": (["--reward-scale", "0"], "--reward-scale"),
-                    "sweep-epsilon-out-of-range": (["--sweep", "eps-end=0.1,2"], "--eps-end"),
-                    "sweep-ppo-only-field": (["--sweep", "gae-lambda=0.9"], "--sweep")}),
+        small=(
+            "--total-timesteps",
+            "1024",
+            "--num-envs",
+            "8",
+            "--num-steps",
+            "16",
+            "--num-minibatches",
+            "2",
+            "--num-seeds",
+            str(SMALL_SEEDS),
+        ),
+        steps_per_update=128,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "minibatches-do-not-divide": (
+                ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
+                "--num-minibatches",
+            ),
+            "epsilon-above-1": (["--eps-start", "1.5"], "--eps-start"),
+            "lambda-below-0": (["--q-lambda", "-0.1"], "--q-lambda"),
+            "zero-reward-scale": (["--reward-scale", "0"], "--reward-scale"),
+            "sweep-epsilon-out-of-range": (["--sweep", "eps-end=0.1,2"], "--eps-end"),
+            "sweep-ppo-only-field": (["--sweep", "gae-lambda=0.9"], "--sweep"),
+        },
+    ),
 }
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
-SUMMARY_KEYS = {"algorithm", "env_name", "num_seeds", "total_timesteps", "final_return_mean", "final_return_std",
-                "final_return_per_seed", "eval_return_mean", "compile_seconds", "train_seconds",
-                "steps_per_second", "versions", "backend"}
+SUMMARY_KEYS = {
+    "algorithm",
+    "env_name",
+    "num_seeds",
+    "total_timesteps",
+    "final_return_mean",
+    "final_return_std",
+    "final_return_per_seed",
+    "eval_return_mean",
+    "compile_seconds",
+    "train_seconds",
+    "steps_per_second",
+    "versions",
+    "backend",
+}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SWEEP_LRS = (1e-3, 3e-3)
-
 
 
 @pytest.fixture(scope="module", params=[name for name in ALGORITHMS if (ROOT / "algorithms" / f"{name}.py").exists()])
@@ -132,8 +206,15 @@ def cli(name, script, tmp_path_factory):
 
     def run(*args, cwd=None, script=script, timeout=300):
         env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir))
-        return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=cwd or ROOT,
-                              env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, str(script), *map(str, args)],
+            cwd=cwd or ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
     return run
 
 
@@ -141,7 +222,7 @@ def results_dir(proc, cwd) -> pathlib.Path:
     """The directory named by the `results: DIR` last line of stdout."""
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("results: "), proc.stdout
-    return pathlib.Path(cwd, last[len("results: "):])
+    return pathlib.Path(cwd, last[len("results: ") :])
 
 
 def assert_ok(proc, code=0):
@@ -162,8 +243,10 @@ def load_run(run_dir: pathlib.Path):
 
 def strict_json(path: pathlib.Path):
     """JSON as other tools read it: NaN and Infinity are not JSON (Python's json allows them)."""
+
     def refuse(constant):
         raise ValueError(f"{path.name}: {constant} is not valid JSON")
+
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
@@ -173,8 +256,11 @@ def floats(values) -> np.ndarray:
 
 
 def snapshot(directory: pathlib.Path) -> dict:
-    return {p.relative_to(directory): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(directory): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _leaves(tree, prefix=""):
@@ -245,7 +331,8 @@ def check_run_directory(name, algo, module, run_dir, flags):
     assert metrics["finite"].all()
     env_steps = metrics["env_steps"].reshape(-1, updates)
     np.testing.assert_array_equal(
-        env_steps, np.broadcast_to(np.arange(1, updates + 1) * algo.steps_per_update, env_steps.shape))
+        env_steps, np.broadcast_to(np.arange(1, updates + 1) * algo.steps_per_update, env_steps.shape)
+    )
     finals = module.final_returns(metrics).reshape(-1)
     np.testing.assert_allclose(floats(summary["final_return_per_seed"]), finals, rtol=1e-6)
     if not np.isnan(finals).all():
@@ -309,8 +396,7 @@ def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_scri
     for point, final in zip(sweep, finals, strict=False):
         np.testing.assert_allclose(floats(point["final_return_per_seed"]), final, rtol=1e-6)
     means = floats([point["final_return_mean"] for point in sweep])
-    np.testing.assert_allclose(means, [np.nanmean(f) if not np.isnan(f).all() else np.nan for f in finals],
-                               rtol=1e-6)
+    np.testing.assert_allclose(means, [np.nanmean(f) if not np.isnan(f).all() else np.nan for f in finals], rtol=1e-6)
     best = sweep[int(np.argmax(np.nan_to_num(means, nan=-np.inf)))]
     assert summary["best_sweep_point"] == best["sweep_point"]
     assert summary["final_return_mean"] == best["final_return_mean"]
@@ -390,8 +476,11 @@ def call_main(module, argv, capsys) -> tuple[int, str, str]:
 
 
 def test_bad_inputs_exit_2_with_one_line(algo, module, tmp_path, capsys):
-    cases = {**COMMON_BAD_INPUTS, **algo.bad_inputs,
-             "wrong-action-space": (["--env-name", algo.wrong_action_env], "--env-name")}
+    cases = {
+        **COMMON_BAD_INPUTS,
+        **algo.bad_inputs,
+        "wrong-action-space": (["--env-name", algo.wrong_action_env], "--env-name"),
+    }
     for case, (args, option) in cases.items():
         runs_dir = tmp_path / case
         code, out, err = call_main(module, [*args, "--runs-dir", runs_dir], capsys)

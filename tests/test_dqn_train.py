@@ -3,6 +3,7 @@ metrics, time-limit truncations in the buffer, the memory estimate.
 
 Every compiled program here is built once per module (fixtures) and shared between tests.
 """
+
 import dataclasses
 
 import jax
@@ -26,9 +27,20 @@ def dqn():
 @pytest.fixture(scope="module")
 def wide(dqn):
     """More envs than either interval: 2-3 gradient steps and 1-2 target updates per vectorized step."""
-    return dqn.Config(env_name="CartPole-v1", num_envs=10, num_steps=4, total_timesteps=10 * 4 * 3,
-                      buffer_size=64, batch_size=8, learning_starts=45, train_frequency=4,
-                      target_update_frequency=7, tau=0.5, anneal_lr=False, num_seeds=1)
+    return dqn.Config(
+        env_name="CartPole-v1",
+        num_envs=10,
+        num_steps=4,
+        total_timesteps=10 * 4 * 3,
+        buffer_size=64,
+        batch_size=8,
+        learning_starts=45,
+        train_frequency=4,
+        target_update_frequency=7,
+        tau=0.5,
+        anneal_lr=False,
+        num_seeds=1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +64,9 @@ def reference_counts(config, interval):
 
 
 def adam_count(opt_state):
-    counts = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state)
-              if "count" in jax.tree_util.keystr(path)]
+    counts = [
+        leaf for path, leaf in jax.tree_util.tree_leaves_with_path(opt_state) if "count" in jax.tree_util.keystr(path)
+    ]
     assert counts, opt_state
     return np.asarray(counts[0])
 
@@ -96,8 +109,10 @@ def test_hard_target_update_copies_the_online_network(config, single):
 
 def test_soft_target_update_lags_the_online_network(wide_run):
     runner, _ = wide_run
-    differ = [not np.allclose(a, b) for a, b in zip(jax.tree.leaves(runner.target_params),
-                                                    jax.tree.leaves(runner.params), strict=False)]
+    differ = [
+        not np.allclose(a, b)
+        for a, b in zip(jax.tree.leaves(runner.target_params), jax.tree.leaves(runner.params), strict=False)
+    ]
     assert any(differ)
 
 
@@ -134,9 +149,17 @@ def test_time_limit_truncation_is_stored_as_not_terminated(dqn, monkeypatch):
 
     monkeypatch.setattr(dqn, "VecEnv", ShortEpisodes)
     N, T = 2, 10
-    config = dqn.Config(num_envs=N, num_steps=T, total_timesteps=N * T * 2, buffer_size=N * T * 2,
-                        learning_starts=N * T, batch_size=8, train_frequency=5, target_update_frequency=10,
-                        num_seeds=1)
+    config = dqn.Config(
+        num_envs=N,
+        num_steps=T,
+        total_timesteps=N * T * 2,
+        buffer_size=N * T * 2,
+        learning_starts=N * T,
+        batch_size=8,
+        train_frequency=5,
+        target_update_frequency=10,
+        num_seeds=1,
+    )
     runner, metrics = jax.device_get(jax.jit(dqn.make_train(config))(jax.random.PRNGKey(0)))
     np.testing.assert_array_equal(metrics["episodes_finished"], N * T // limit)
     np.testing.assert_array_equal(metrics["episode_length"], limit)

@@ -4,6 +4,7 @@ anything compiles and keeps what a run had when it stops early.
 
 Behaviour of the harness is tested once, on ppo.py: the identity test makes it hold for every file.
 """
+
 import difflib
 import json
 import os
@@ -43,8 +44,10 @@ def harness_differences(texts: dict) -> list[str]:
         pairs = zip(ours, theirs, strict=False)  # the shorter one's length, then the first extra line
         first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(ours), len(theirs)))
         diff = "".join(list(difflib.unified_diff(ours, theirs, reference_name, name, n=1))[:12])
-        messages.append(f"{name}: its harness differs from {reference_name}'s from its line "
-                        f"{start.count(chr(10)) + first + 1} on:\n{diff}")
+        messages.append(
+            f"{name}: its harness differs from {reference_name}'s from its line "
+            f"{start.count(chr(10)) + first + 1} on:\n{diff}"
+        )
     return messages
 
 
@@ -136,7 +139,7 @@ def run_main(ppo, argv, capsys):
 def results_dir(out: str) -> pathlib.Path:
     last = out.strip().splitlines()[-1]
     assert last.startswith("results: "), out
-    return pathlib.Path(last[len("results: "):])
+    return pathlib.Path(last[len("results: ") :])
 
 
 @pytest.mark.parametrize("case", ["cannot-be-created", "under-a-file"])
@@ -191,8 +194,7 @@ def test_a_run_stopped_during_training_keeps_its_finished_updates(stop, tmp_path
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "after 4 of 16 updates" in lines[0] and "Traceback" not in err
     run_dir = results_dir(out)
-    assert {p.name for p in run_dir.iterdir()} == {"config.json", "metrics.npz", "summary.json",
-                                                    "learning_curve.png"}
+    assert {p.name for p in run_dir.iterdir()} == {"config.json", "metrics.npz", "summary.json", "learning_curve.png"}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["completed_updates"] == 4 and summary["num_updates"] == 16
     assert ("Ctrl-C" in summary["stopped"]) == (stop is KeyboardInterrupt)

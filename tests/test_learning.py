@@ -1,5 +1,6 @@
 """Every algorithm's default Config learns its default environment on every seed (the expensive
 tests): each file's default is the run a newcomer starts with `python algorithms/<name>.py`."""
+
 import jax
 import numpy as np
 import pytest
@@ -28,8 +29,9 @@ def _ppo_rnn_checks(ppo_rnn, config, runner, metrics):
     ppo = load_algorithm("ppo")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ppo, "make_env", ppo_rnn.make_env)  # ppo.py learns the file's own env names
-        mlp_config = ppo.Config(env_name=config.env_name, total_timesteps=config.total_timesteps,
-                                num_seeds=config.num_seeds)
+        mlp_config = ppo.Config(
+            env_name=config.env_name, total_timesteps=config.total_timesteps, num_seeds=config.num_seeds
+        )
         keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
         _, mlp_metrics = jax.device_get(jax.jit(jax.vmap(ppo.make_train(mlp_config)))(keys))
     mlp_finals = ppo.final_returns(mlp_metrics)

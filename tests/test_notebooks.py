@@ -15,6 +15,7 @@ Each notebook is executed by nbclient in a kernel of the interpreter running pyt
 directory in notebooks/ (so the notebook's search for the repository root is exercised) and
 NOTEBOOK_SMOKE_TEST=1. A failure reports the failing cell's source and its error.
 """
+
 import base64
 import io
 import json
@@ -32,8 +33,8 @@ from conftest import ROOT
 
 NOTEBOOKS_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
-CELL_TIMEOUT = 300            # seconds per cell; the smoke-test budget needs a few
-NOTEBOOK_TIMEOUT = 600        # pytest-timeout per notebook (kernel start and every cell)
+CELL_TIMEOUT = 300  # seconds per cell; the smoke-test budget needs a few
+NOTEBOOK_TIMEOUT = 600  # pytest-timeout per notebook (kernel start and every cell)
 SMOKE_VAR = "NOTEBOOK_SMOKE_TEST"
 MUST_RENDER_EPISODE = {"walkthrough.ipynb"}  # notebooks that must have a `rendered-episode` cell
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -58,8 +59,11 @@ def test_stored_without_outputs_and_one_budget_cell(path):
     nb = read(path)
     nbformat.validate(nb)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    dirty = [i for i, cell in enumerate(nb.cells)
-             if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)]
+    dirty = [
+        i
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)
+    ]
     assert not dirty, f"{path.name}: cells {dirty} have outputs or execution counts; clear them before committing"
 
     budget = [cell for cell in code if "budget" in tags(cell)]
@@ -67,17 +71,20 @@ def test_stored_without_outputs_and_one_budget_cell(path):
     readers = [cell for cell in code if SMOKE_VAR in cell.source]
     assert readers == budget, f"{path.name}: only the budget cell may read {SMOKE_VAR}"
 
-    assert "pip" in code[0].source and "nothing to install" in code[0].source, \
+    assert "pip" in code[0].source and "nothing to install" in code[0].source, (
         f"{path.name}: the first code cell must be the install cell"
+    )
     badge = f"https://colab.research.google.com/github/OWNER/REPO/blob/main/notebooks/{path.name}"
-    assert any(badge in cell.source for cell in nb.cells if cell.cell_type == "markdown"), \
+    assert any(badge in cell.source for cell in nb.cells if cell.cell_type == "markdown"), (
         f"{path.name}: no 'Open in Colab' badge pointing at {badge}"
+    )
 
 
 @pytest.fixture(scope="module")
 def kernel_env(tmp_path_factory):
     """A `python3` kernelspec for this very interpreter, found first through JUPYTER_PATH."""
     from ipykernel.kernelspec import write_kernel_spec
+
     jupyter_dir = tmp_path_factory.mktemp("jupyter")
     write_kernel_spec(jupyter_dir / "kernels" / "python3")
     spec = json.loads((jupyter_dir / "kernels" / "python3" / "kernel.json").read_text())
@@ -91,8 +98,10 @@ def failure_report(nb, error: BaseException) -> str:
         for output in cell.get("outputs", []):
             if output.output_type == "error":
                 trace = ANSI.sub("", "\n".join(output.get("traceback", [])))
-                return (f"cell {index} raised {output.ename}: {output.evalue}\n"
-                        f"----- cell {index} source -----\n{cell.source}\n----- traceback -----\n{trace}")
+                return (
+                    f"cell {index} raised {output.ename}: {output.evalue}\n"
+                    f"----- cell {index} source -----\n{cell.source}\n----- traceback -----\n{trace}"
+                )
     # a timeout or a dead kernel: the cell that started and never replied
     for index, cell in enumerate(nb.cells):
         timing = cell.get("metadata", {}).get("execution", {})
@@ -114,13 +123,15 @@ def assert_animation(cell, where: str) -> None:
     html = [o.data["text/html"] for o in cell.get("outputs", []) if "text/html" in o.get("data", {})]
     if gifs:
         from PIL import Image
+
         data = base64.b64decode(gifs[0])
         assert data[:4] == b"GIF8", f"{where}: image/gif output is not a GIF"
         frames = Image.open(io.BytesIO(data)).n_frames
         assert frames >= 2, f"{where}: the GIF has {frames} frame(s); expected an animation"
     else:
-        assert any("<img" in h or "animation" in h.lower() for h in html), \
+        assert any("<img" in h or "animation" in h.lower() for h in html), (
             f"{where}: expected an animation (image/gif or HTML), got {sorted(mimetypes(cell))}"
+        )
 
 
 @pytest.mark.slow
@@ -130,12 +141,18 @@ def test_notebook_runs_in_smoke_test_mode(path, kernel_env, monkeypatch):
     for name, value in kernel_env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv(SMOKE_VAR, "1")
-    monkeypatch.setenv("PIP_NO_INDEX", "1")      # should the install cell try pip after all: no network
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # should the install cell try pip after all: no network
     monkeypatch.delenv("MPLBACKEND", raising=False)  # Agg here would hide the kernel's inline plots
 
     nb = read(path)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=False,
-                            record_timing=True, resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT,
+        kernel_name="python3",
+        allow_errors=False,
+        record_timing=True,
+        resources={"metadata": {"path": str(NOTEBOOKS_DIR)}},
+    )
     start, failure = time.perf_counter(), None
     try:
         client.execute()
@@ -147,8 +164,9 @@ def test_notebook_runs_in_smoke_test_mode(path, kernel_env, monkeypatch):
     print(f"{path.name}: executed in {seconds:.1f} s")
 
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    assert "nothing to install" in stdout(code[0]), \
+    assert "nothing to install" in stdout(code[0]), (
         f"{path.name}: the install cell wanted to install something:\n{stdout(code[0])}"
+    )
     assert any("image/png" in mimetypes(cell) for cell in code), f"{path.name}: no plot (image/png output)"
 
     episodes = [(i, cell) for i, cell in enumerate(nb.cells) if "rendered-episode" in tags(cell)]

@@ -5,6 +5,7 @@ The checks every algorithm shares (vmap, determinism, sweeps, chunking, the comm
 tests/test_train.py and tests/test_cli.py; memory against no memory on CartPole without velocities
 is tests/test_learning.py's check for this file. Each compiled program here is built once per module.
 """
+
 import gymnax
 import jax
 import jax.numpy as jnp
@@ -30,14 +31,22 @@ def short_episodes(module):
     def make(env_name):
         env, env_params = make_env(env_name)
         return env, env_params.replace(max_steps_in_episode=SHORT_LIMIT)
+
     return make
 
 
 @pytest.fixture(scope="module")
 def short(rnn):
     """3 updates of 8 envs x 20 steps, one epoch of one minibatch each, time limit SHORT_LIMIT."""
-    config = rnn.Config(num_envs=8, num_steps=20, total_timesteps=8 * 20 * 3, num_minibatches=1, update_epochs=1,
-                        hidden_size=8, num_seeds=1)
+    config = rnn.Config(
+        num_envs=8,
+        num_steps=20,
+        total_timesteps=8 * 20 * 3,
+        num_minibatches=1,
+        update_epochs=1,
+        hidden_size=8,
+        num_seeds=1,
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(rnn, "make_env", short_episodes(rnn))
         train = rnn.make_train(config)
@@ -102,10 +111,12 @@ def test_replay_resets_the_state_where_a_python_loop_does(rnn):
 
 def reference_unroll(rnn, kernel, bias, hidden, gates, start):
     """The GRU as a plain scan of gru_cell, differentiated by JAX itself."""
+
     def step(hidden, xs):
         gates_t, start_t = xs
         hidden = rnn.gru_cell(kernel, bias, rnn.reset_hidden(hidden, start_t), gates_t)[0]
         return hidden, hidden
+
     return jax.lax.scan(step, hidden, (gates, start))[1]
 
 
@@ -122,6 +133,7 @@ def test_gru_gradient_matches_autodiff(rnn):
 
     def loss(unroll):
         return lambda k, b, h, g: jnp.sum(weights * jnp.tanh(unroll(k, b, h, g, start)))
+
     args = (kernel, bias, hidden, gates)
     got = jax.jit(jax.grad(loss(rnn.gru_unroll), argnums=(0, 1, 2, 3)))(*args)
     want = jax.jit(jax.grad(loss(lambda *a: reference_unroll(rnn, *a)), argnums=(0, 1, 2, 3)))(*args)
@@ -222,6 +234,7 @@ def test_no_velocity_wrapper_is_cartpole_with_positions_only(rnn):
             action = jax.random.randint(action_key, (), 0, 2)
             next_obs, state, reward, terminated, truncated, info = env.step(step_key, state, action, params)
             return (next_obs, state), (obs, state, reward, terminated, truncated, info["final_observation"])
+
         return jax.lax.scan(step, (obs, state), jax.random.split(key, 200))[1]
 
     key = jax.random.PRNGKey(7)
@@ -246,7 +259,13 @@ def test_make_env_names_and_refusals(rnn):
 
 
 def test_memory_chain_trains(rnn):
-    config = rnn.Config(env_name="MemoryChain-bsuite", num_envs=4, num_steps=8, total_timesteps=4 * 8 * 2,
-                        num_minibatches=2, hidden_size=8)
+    config = rnn.Config(
+        env_name="MemoryChain-bsuite",
+        num_envs=4,
+        num_steps=8,
+        total_timesteps=4 * 8 * 2,
+        num_minibatches=2,
+        hidden_size=8,
+    )
     _, metrics = jax.jit(rnn.make_train(config))(jax.random.PRNGKey(0))
     assert np.asarray(metrics["finite"]).all()

@@ -3,6 +3,7 @@ every algorithm shares are in tests/test_train.py).
 
 Every compiled program here is built once per module (fixtures) and shared between tests.
 """
+
 import math
 
 import jax

@@ -27,8 +27,10 @@ def test_epsilon_metric_follows_the_configured_schedule(config, batched):
     """0.9 -> 0.1 over half of the 6 updates (3 updates), then flat: 0.9, 0.633, 0.367, 0.1, 0.1, 0.1."""
     _, metrics = batched
     decay_updates = config.eps_fraction * config.num_updates
-    want = [config.eps_start + (config.eps_end - config.eps_start) * min(1.0, u / decay_updates)
-            for u in range(config.num_updates)]
+    want = [
+        config.eps_start + (config.eps_end - config.eps_start) * min(1.0, u / decay_updates)
+        for u in range(config.num_updates)
+    ]
     np.testing.assert_allclose(metrics["epsilon"], np.broadcast_to(want, metrics["epsilon"].shape), rtol=1e-6)
 
 
@@ -36,11 +38,22 @@ def test_epsilon_is_the_exploration_rate(pqn):
     """With epsilon 1 throughout the agent acts uniformly at random whatever its Q-values: a
     random CartPole policy's episodes last ~22 steps; with epsilon 0 a fresh network's greedy
     policy mostly pushes one way and falls in ~10. Only the sweepable epsilon differs."""
-    config = pqn.Config(num_envs=16, num_steps=32, total_timesteps=16 * 32 * 4, num_minibatches=2,
-                        update_epochs=1, hidden_size=32, lr=1e-9, eps_start=1.0, eps_end=1.0, num_seeds=1)
+    config = pqn.Config(
+        num_envs=16,
+        num_steps=32,
+        total_timesteps=16 * 32 * 4,
+        num_minibatches=2,
+        update_epochs=1,
+        hidden_size=32,
+        lr=1e-9,
+        eps_start=1.0,
+        eps_end=1.0,
+        num_seeds=1,
+    )
     train = pqn.make_train(config)
     hparams = jax.tree.map(lambda x: jnp.stack([x, x]), pqn.hparams_from(config))._replace(
-        eps_start=jnp.array([1.0, 0.0]), eps_end=jnp.array([1.0, 0.0]))
+        eps_start=jnp.array([1.0, 0.0]), eps_end=jnp.array([1.0, 0.0])
+    )
     keys = jax.random.split(jax.random.PRNGKey(7), 4)
     _, metrics = jax.device_get(jax.jit(jax.vmap(jax.vmap(train, (0, None)), (None, 0)))(keys, hparams))
     lengths = metrics["episode_length"] * metrics["episodes_finished"]

@@ -6,6 +6,7 @@ sweep points = 6 runs: 2 devices hold 3 runs each, 4 devices need padding to 8. 
 timeout: XLA on CPU has deadlocked multi-device programs here (see ppo.py's init), and a hang must
 fail the test rather than stall CI.
 """
+
 import concurrent.futures
 import os
 import subprocess
@@ -30,13 +31,28 @@ def runs(request, tmp_path_factory):
     name = request.param
 
     def run(devices: int):
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-                   JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
+        env = dict(
+            os.environ,
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("cache")),
+        )
         runs_dir = tmp_path_factory.mktemp(f"runs{devices}")
         try:
-            return subprocess.run([sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *ALGORITHMS[name].small,
-                                   *SHARDED, "--runs-dir", str(runs_dir)], cwd=ROOT, env=env, capture_output=True,
-                                  text=True, timeout=240)
+            return subprocess.run(
+                [
+                    sys.executable,
+                    str(ROOT / "algorithms" / f"{name}.py"),
+                    *ALGORITHMS[name].small,
+                    *SHARDED,
+                    "--runs-dir",
+                    str(runs_dir),
+                ],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
         except subprocess.TimeoutExpired:
             return None
 

@@ -2,6 +2,7 @@
 one key alone equals that key inside a vmapped batch, the same key twice is identical, a sweep
 point equals the run whose Config has that value, and running in chunks (as the command line
 does) equals one call. Algorithm-specific checks live in tests/test_<name>_train.py."""
+
 import dataclasses
 
 import jax
@@ -22,12 +23,14 @@ def name(request):
 
 def assert_close(got, want, path=""):
     """Float leaves agree to RTOL/ATOL; integer and bool leaves (counts, keys, flags) exactly."""
+
     def check(key, g, w):
         g, w, where = np.asarray(g), np.asarray(w), path + jax.tree_util.keystr(key)
         if g.dtype.kind == "f":
             np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=where)
         else:
             np.testing.assert_array_equal(g, w, err_msg=where)
+
     jax.tree_util.tree_map_with_path(check, got, want)
 
 
@@ -56,9 +59,20 @@ def test_same_key_same_result(single):
 
 # A value for every sweepable field that differs from the small configs' and acts within their few
 # updates (a gradient-norm clip that binds, exploration that changes actions, ...).
-ALTERNATIVE = {"gamma": 0.9, "gae_lambda": 0.5, "q_lambda": 0.3, "clip_eps": 1e-3, "ent_coef": 0.1, "vf_coef": 1.5,
-               "max_grad_norm": 1e-3, "tau": 0.5, "eps_start": 0.5, "eps_end": 0.3, "eps_fraction": 0.9,
-               "reward_scale": 1.0}
+ALTERNATIVE = {
+    "gamma": 0.9,
+    "gae_lambda": 0.5,
+    "q_lambda": 0.3,
+    "clip_eps": 1e-3,
+    "ent_coef": 0.1,
+    "vf_coef": 1.5,
+    "max_grad_norm": 1e-3,
+    "tau": 0.5,
+    "eps_start": 0.5,
+    "eps_end": 0.3,
+    "eps_fraction": 0.9,
+    "reward_scale": 1.0,
+}
 
 
 def sweep_points(module, config, other_lr):
@@ -76,12 +90,14 @@ def sweep_points(module, config, other_lr):
 @pytest.fixture(scope="module")
 def swept(name, config, keys):
     """jax.vmap over the sweep points of `sweep_points` in one program, all from keys[0]."""
+
     def make():
         module, other_lr = load_algorithm(name), SMALL_TRAIN[name][2]
         fields, hparams = sweep_points(module, config, other_lr)
         other = dataclasses.replace(config, lr=other_lr)
         out = jax.jit(jax.vmap(module.make_train(other), in_axes=(None, 0)))(keys[0], hparams)
         return fields, jax.device_get(hparams), jax.device_get(out)
+
     return _shared(("swept", name), make)
 
 
@@ -103,8 +119,9 @@ def test_every_sweepable_field_is_read_from_the_run_hyperparameters(name, swept)
     base = jax.tree.leaves(row(runner.params, 0))
     for index, field in enumerate(fields, start=2):
         changed = jax.tree.leaves(row(runner.params, index))
-        assert any(not np.array_equal(a, b) for a, b in zip(base, changed, strict=True)), \
+        assert any(not np.array_equal(a, b) for a, b in zip(base, changed, strict=True)), (
             f"sweeping {field} did not change the run: is it read from the Config instead of HParams?"
+        )
 
 
 @pytest.mark.slow
@@ -133,9 +150,9 @@ def test_chunked_run_matches_train(train, config, keys, single):
     assert 2 * chunk > config.num_updates
     metrics = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     single_runner, single_metrics = single[0]
-    assert_close({k: v[:config.num_updates] for k, v in metrics.items()}, single_metrics)
+    assert_close({k: v[: config.num_updates] for k, v in metrics.items()}, single_metrics)
     assert_close(jax.device_get(runner), single_runner)
-    assert not metrics["finite"][config.num_updates:].any()  # skipped updates report nothing
+    assert not metrics["finite"][config.num_updates :].any()  # skipped updates report nothing
 
 
 # Every metric each algorithm's update reports; each has one value per update.
@@ -143,8 +160,8 @@ COMMON_METRICS = {"env_steps", "episode_return", "episode_length", "episodes_fin
 METRICS = {
     "ppo": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
     "ppo_rnn": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
-    "ppo_continuous": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction",
-                                        "action_std", "return_std"},
+    "ppo_continuous": COMMON_METRICS
+    | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "action_std", "return_std"},
     "pqn": COMMON_METRICS | {"q_mean", "epsilon"},
     "dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
 }

@@ -1,4 +1,5 @@
 """PQN's Q(lambda) returns against independent NumPy references, and its epsilon schedule."""
+
 import math
 
 import jax
@@ -26,16 +27,15 @@ def reference_backward(reward, next_q, terminated, truncated, gamma, lam):
     for n in range(N):
         for t in reversed(range(T)):
             later = next_q[t, n] if done[t, n] or t == T - 1 else returns[t + 1, n]
-            returns[t, n] = reward[t, n] + gamma * (1.0 - terminated[t, n]) * (
-                lam * later + (1.0 - lam) * next_q[t, n])
+            returns[t, n] = reward[t, n] + gamma * (1.0 - terminated[t, n]) * (lam * later + (1.0 - lam) * next_q[t, n])
     return returns
 
 
 def n_step_return(reward, next_q, terminated, t, n, k, gamma):
     """sum_{i<k} gamma^i r_{t+i} + gamma^k (1 - terminated) max_a Q at step t+k-1 of env n."""
-    rewards = sum(gamma ** i * reward[t + i, n] for i in range(k))
+    rewards = sum(gamma**i * reward[t + i, n] for i in range(k))
     last = t + k - 1
-    return rewards + gamma ** k * (1.0 - terminated[last, n]) * next_q[last, n]
+    return rewards + gamma**k * (1.0 - terminated[last, n]) * next_q[last, n]
 
 
 def reference_forward(reward, next_q, terminated, truncated, gamma, lam):
@@ -54,8 +54,10 @@ def reference_forward(reward, next_q, terminated, truncated, gamma, lam):
             while end < T - 1 and not done[end, n]:
                 end += 1
             K = end - t + 1
-            g = sum((1.0 - lam) * lam ** (k - 1) * n_step_return(reward, next_q, terminated, t, n, k, gamma)
-                    for k in range(1, K))
+            g = sum(
+                (1.0 - lam) * lam ** (k - 1) * n_step_return(reward, next_q, terminated, t, n, k, gamma)
+                for k in range(1, K)
+            )
             returns[t, n] = g + lam ** (K - 1) * n_step_return(reward, next_q, terminated, t, n, K, gamma)
     return returns
 
@@ -66,8 +68,10 @@ def reference_forward(reward, next_q, terminated, truncated, gamma, lam):
 def trajectory(seed):
     rng = np.random.default_rng(seed)
     shape = TERMINATED.shape
-    return (rng.normal(size=shape).astype(np.float32),   # reward
-            rng.normal(size=shape).astype(np.float32))   # next_q: max_a Q(final obs)
+    return (
+        rng.normal(size=shape).astype(np.float32),  # reward
+        rng.normal(size=shape).astype(np.float32),
+    )  # next_q: max_a Q(final obs)
 
 
 _compiled = {}
@@ -77,8 +81,14 @@ def call_q_lambda(pqn, reward, next_q, terminated, truncated, gamma, lam):
     """Inputs typed the way pqn's update passes them: float terminated, bool done."""
     if "fn" not in _compiled:
         _compiled["fn"] = jax.jit(pqn.compute_q_lambda)
-    returns = _compiled["fn"](jnp.asarray(reward), jnp.asarray(next_q), jnp.asarray(terminated, jnp.float32),
-                              jnp.asarray(terminated | truncated), jnp.float32(gamma), jnp.float32(lam))
+    returns = _compiled["fn"](
+        jnp.asarray(reward),
+        jnp.asarray(next_q),
+        jnp.asarray(terminated, jnp.float32),
+        jnp.asarray(terminated | truncated),
+        jnp.float32(gamma),
+        jnp.float32(lam),
+    )
     return np.asarray(returns, np.float64)
 
 
@@ -87,9 +97,12 @@ def test_references_agree():
     for seed in range(3):
         reward, next_q = (x.astype(np.float64) for x in trajectory(seed))
         for gamma, lam in [(0.99, 0.65), (0.5, 0.3), (1.0, 1.0), (0.9, 0.0)]:
-            np.testing.assert_allclose(reference_backward(reward, next_q, TERMINATED, TRUNCATED, gamma, lam),
-                                       reference_forward(reward, next_q, TERMINATED, TRUNCATED, gamma, lam),
-                                       rtol=1e-10, atol=1e-10)
+            np.testing.assert_allclose(
+                reference_backward(reward, next_q, TERMINATED, TRUNCATED, gamma, lam),
+                reference_forward(reward, next_q, TERMINATED, TRUNCATED, gamma, lam),
+                rtol=1e-10,
+                atol=1e-10,
+            )
 
 
 @pytest.mark.parametrize("gamma, lam", [(0.99, 0.65), (0.9, 1.0), (1.0, 0.0), (0.5, 0.7), (0.99, 0.95)])
@@ -98,8 +111,7 @@ def test_q_lambda_matches_reference(pqn, gamma, lam, seed):
     reward, next_q = trajectory(seed)
     returns = call_q_lambda(pqn, reward, next_q, TERMINATED, TRUNCATED, gamma, lam)
     assert returns.shape == reward.shape
-    want = reference_forward(reward.astype(np.float64), next_q.astype(np.float64), TERMINATED, TRUNCATED,
-                             gamma, lam)
+    want = reference_forward(reward.astype(np.float64), next_q.astype(np.float64), TERMINATED, TRUNCATED, gamma, lam)
     np.testing.assert_allclose(returns, want, rtol=1e-5, atol=1e-5)
 
 
@@ -131,7 +143,7 @@ def test_hand_computed_single_env(pqn):
     gamma, lam = 0.5, 0.5
     reward = np.array([[1.0], [2.0], [4.0]], np.float32)
     next_q = np.array([[8.0], [16.0], [32.0]], np.float32)
-    truncated = np.array([[False], [True], [False]])   # episode 1 cut off at t=1
+    truncated = np.array([[False], [True], [False]])  # episode 1 cut off at t=1
     terminated = np.array([[False], [False], [True]])  # episode 2 terminates at t=2
     returns = call_q_lambda(pqn, reward, next_q, terminated, truncated, gamma, lam)
     # t=2: terminal, no bootstrap: 4
@@ -155,7 +167,8 @@ def test_final_obs_q_matters_at_truncation_not_at_termination(pqn):
     gamma, lam = 0.9, 0.8
     reward, next_q = trajectory(5)
     check_bootstrap_at_truncation_only(
-        lambda next_q: call_q_lambda(pqn, reward, next_q, TERMINATED, TRUNCATED, gamma, lam), next_q, gamma, lam)
+        lambda next_q: call_q_lambda(pqn, reward, next_q, TERMINATED, TRUNCATED, gamma, lam), next_q, gamma, lam
+    )
 
 
 def test_episode_end_stops_the_recursion(pqn):
@@ -182,8 +195,9 @@ def test_epsilon_schedule_is_linear_then_flat(pqn, start, end, decay):
     num_updates = 50
     got = np.asarray(jax.vmap(lambda u: pqn.epsilon_at(u, num_updates, start, end, decay))(jnp.arange(num_updates)))
     decay_updates = decay * num_updates
-    want = [end if decay_updates == 0 else start + (end - start) * min(1.0, u / decay_updates)
-            for u in range(num_updates)]
+    want = [
+        end if decay_updates == 0 else start + (end - start) * min(1.0, u / decay_updates) for u in range(num_updates)
+    ]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     if decay_updates <= num_updates - 1:  # eps_end is reached within training, and stays
-        np.testing.assert_allclose(got[int(math.ceil(decay_updates)):], end, rtol=1e-6)
+        np.testing.assert_allclose(got[int(math.ceil(decay_updates)) :], end, rtol=1e-6)

@@ -1,0 +1,103 @@
+"""VecEnv, the vectorised gymnax wrapper every file has: auto-reset from presampled resets,
+terminations, truncation at the time limit with the true final observation, and envs that
+override gymnax's step."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def rollout(venv, key, actions, num_steps):
+    """Steps `venv` with per-step `actions` [num_steps, num_envs]; returns inputs and outputs."""
+    reset_key, noise_key = jax.random.split(key)
+    obs, state = venv.reset(reset_key)
+    noise = venv.presample(noise_key, num_steps)
+
+    def body(carry, xs):
+        obs, state = carry
+        step_noise, action = xs
+        step = venv.step(step_noise, state, action)
+        return (step.obs, step.state), (obs, state, step)
+
+    _, (obs_in, state_in, steps) = jax.lax.scan(body, (obs, state), (noise, actions))
+    return jax.device_get((obs_in, state_in, steps, noise))
+
+
+def test_vecenv_cartpole_terminations(ppo):
+    num_envs, num_steps = 8, 40
+    venv = ppo.VecEnv("CartPole-v1", num_envs)
+    assert venv.stock_step and venv.max_episode_steps == 500
+    # Constant push: left in half the envs, right in the rest; every pole falls within ~10 steps.
+    actions = jnp.broadcast_to(jnp.arange(num_envs) % 2, (num_steps, num_envs))
+    obs_in, state_in, steps, noise = rollout(venv, jax.random.PRNGKey(0), actions, num_steps)
+
+    terminated, truncated = steps.terminated, steps.truncated
+    done = terminated | truncated
+    assert terminated.any(axis=0).all(), "every env should have fallen at least once"
+    assert not truncated.any(), "no episode is near 500 steps"
+    check_auto_reset(venv, obs_in, state_in, steps, noise, actions)
+
+    # A terminal final observation is out of bounds; a continuing one is not.
+    params = venv.params
+    x, theta = steps.final_obs[..., 0], steps.final_obs[..., 2]
+    out = (np.abs(x) > params.x_threshold) | (np.abs(theta) > params.theta_threshold_radians)
+    np.testing.assert_array_equal(out, terminated)
+    # Episode clock: reset to 0 where done, otherwise one more than before.
+    np.testing.assert_array_equal(steps.state.time, np.where(done, 0, state_in.time + 1))
+
+
+def test_vecenv_truncation_at_max_steps(ppo):
+    num_envs, num_steps, limit = 4, 12, 5
+    venv = ppo.VecEnv("CartPole-v1", num_envs)
+    venv.params = venv.params.replace(max_steps_in_episode=limit)
+    # Alternating pushes keep the pole up: only the time limit ends episodes.
+    actions = jnp.broadcast_to((jnp.arange(num_steps) % 2)[:, None], (num_steps, num_envs))
+    obs_in, state_in, steps, noise = rollout(venv, jax.random.PRNGKey(1), actions, num_steps)
+
+    assert not steps.terminated.any()
+    want = ((np.arange(num_steps) + 1) % limit == 0)[:, None].repeat(num_envs, 1)
+    np.testing.assert_array_equal(steps.truncated, want)
+    check_auto_reset(venv, obs_in, state_in, steps, noise, actions)
+
+
+def test_vecenv_non_stock_step_env(ppo):
+    """DeepSea overrides gymnax's `step`; VecEnv must take the same bookkeeping from it."""
+    num_envs, num_steps = 4, 30
+    venv = ppo.VecEnv("DeepSea-bsuite", num_envs)
+    assert not venv.stock_step
+    actions = jax.random.randint(jax.random.PRNGKey(2), (num_steps, num_envs), 0, venv.num_actions)
+    obs_in, state_in, steps, noise = rollout(venv, jax.random.PRNGKey(3), actions, num_steps)
+    done = steps.terminated | steps.truncated
+    assert done.any()
+    assert steps.obs.shape == steps.final_obs.shape == (num_steps, num_envs, venv.obs_dim)
+    assert steps.obs.dtype == np.float32
+    np.testing.assert_array_equal(steps.obs[~done], steps.final_obs[~done])
+    assert (steps.obs[done] != steps.final_obs[done]).any(axis=-1).all()
+
+
+def check_auto_reset(venv, obs_in, state_in, steps, noise, actions):
+    done = steps.terminated | steps.truncated
+    assert done.any()
+    # final_obs differs from obs exactly where the episode ended...
+    differs = (steps.obs != steps.final_obs).any(axis=-1)
+    np.testing.assert_array_equal(differs, done)
+    # ...where obs is the presampled fresh start, and the state went with it.
+    np.testing.assert_array_equal(steps.obs[done], noise.reset_obs[done])
+    np.testing.assert_array_equal(steps.state.time[done], 0)
+    # Observations are the flattened float32 view of the state they come with.
+    assert steps.obs.dtype == steps.final_obs.dtype == np.float32
+    state_obs = np.stack([steps.state.x, steps.state.x_dot, steps.state.theta, steps.state.theta_dot], -1)
+    np.testing.assert_array_equal(steps.obs, state_obs.astype(np.float32))
+
+    # Against gymnax's own auto-resetting `step` from the same state and action: the transition
+    # (final observation, reward, flags) must agree; only the fresh start's randomness differs.
+    env, params = venv.env, venv.params
+    flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+    keys = jax.random.split(jax.random.PRNGKey(99), done.size)
+    _, _, reward, terminated, truncated, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+        keys, jax.tree.map(flat, state_in), flat(np.asarray(actions)), params
+    )
+    np.testing.assert_allclose(flat(steps.final_obs), info["final_observation"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(flat(steps.reward), reward)
+    np.testing.assert_array_equal(flat(steps.terminated), terminated)
+    np.testing.assert_array_equal(flat(steps.truncated), truncated)
