@@ -3,6 +3,8 @@ on import, XLA's flags set by the command line alone, and a run directory that e
 anything compiles and keeps what a run had when it stops early.
 
 Behaviour of the harness is tested once, on ppo.py: the identity test makes it hold for every file.
+To change the harness, edit it in ppo.py and run `python tests/test_harness.py`, which copies it
+into every other file.
 """
 
 import difflib
@@ -216,3 +218,12 @@ def test_a_plot_that_fails_costs_nothing_else(tmp_path, capsys, monkeypatch):
     assert len(lines) == 1 and lines[0].endswith("warning: could not draw learning_curve.png (no backend)")
     run_dir = results_dir(out)
     assert {p.name for p in run_dir.iterdir()} == {"config.json", "metrics.npz", "summary.json", "params.msgpack"}
+
+
+if __name__ == "__main__":  # python tests/test_harness.py: copy ppo.py's harness into every other file
+    _, harness = split_at_banner((ROOT / "algorithms" / "ppo.py").read_text(), "ppo.py")
+    for path in ALGORITHM_FILES:
+        algorithm, _ = split_at_banner(path.read_text(), path.name)
+        if algorithm + harness != path.read_text():
+            path.write_text(algorithm + harness)
+            print(f"{path.name}: harness replaced by ppo.py's")
