@@ -75,7 +75,7 @@ class Config:
     max_grad_norm: float = _option(1000.0, "global gradient-norm clip (10 slowed learning with the mse loss)")
     eps_start: float = _option(1.0, "epsilon-greedy exploration rate at the first step")
     eps_end: float = _option(0.05, "exploration rate once the linear decay is over")
-    eps_fraction: float = _option(0.5, "fraction of total_timesteps over which epsilon decays")
+    eps_fraction: float = _option(0.3, "fraction of training (total_timesteps) over which epsilon decays linearly")
     activation: str = _option("relu", "hidden activation: relu or tanh")
     hidden_size: int = _option(128, "units per hidden layer of the Q-network")
     num_layers: int = _option(2, "hidden layers of the Q-network")

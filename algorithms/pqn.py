@@ -72,7 +72,7 @@ class Config:
     q_lambda: float = _option(0.65, "Q(lambda) lambda: 0 is one-step Q-learning, 1 Monte Carlo + bootstrap")
     eps_start: float = _option(1.0, "epsilon-greedy exploration: epsilon at the first update")
     eps_end: float = _option(0.01, "epsilon after the decay, to the end of training")
-    eps_fraction: float = _option(0.2, "fraction of training over which epsilon falls linearly to eps_end")
+    eps_fraction: float = _option(0.2, "fraction of training (updates) over which epsilon decays linearly")
     reward_scale: float = _option(0.1, "rewards are multiplied by this in the Q targets (not in logged returns)")
     max_grad_norm: float = _option(10.0, "global gradient-norm clip")
     activation: str = _option("relu", "hidden activation: tanh or relu")
