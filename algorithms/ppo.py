@@ -1012,7 +1012,7 @@ def package_versions() -> dict:
     from importlib import metadata
 
     versions = {"python": sys.version.split()[0]}
-    for name in ("jax", "jaxlib", "flax", "optax", "gymnax", "chex", "numpy"):
+    for name in ("jax", "jaxlib", "flax", "optax", "distrax", "gymnax", "chex", "numpy"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

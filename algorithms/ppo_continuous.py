@@ -20,7 +20,7 @@ default); params.msgpack saves those statistics with the networks.
 
 Each run writes config.json, summary.json, metrics.npz, params.msgpack and
 learning_curve.png into a new directory under --runs-dir. Depends only on jax, flax,
-optax, gymnax, chex, numpy and matplotlib; copy this file anywhere and it runs. Importing
+optax, distrax, gymnax, chex, numpy and matplotlib; copy this file anywhere and it runs. Importing
 it defines things and does nothing else.
 """
 
@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import chex
+import distrax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -384,17 +385,10 @@ def make_networks(config: Config, action_dim: int) -> Networks:
     return Networks(actor=GaussianActor(action_dim, config.log_std_init, **shape), critic=MLP(1, 1.0, **shape))
 
 
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-
-
-def gaussian_log_prob(x: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
-    """log N(x; mean, diag(exp(log_std))^2), summed over the last (action) axis."""
-    z = (x - mean) * jnp.exp(-log_std)
-    return (-0.5 * jnp.square(z) - log_std - _LOG_SQRT_2PI).sum(-1)
-
-
-def gaussian_entropy(log_std: jax.Array) -> jax.Array:
-    return (log_std + 0.5 + _LOG_SQRT_2PI).sum(-1)
+def policy(mean: jax.Array, log_std: jax.Array) -> distrax.Distribution:
+    """The diagonal Gaussian of the sample u; its event is the last (action) axis (mean and
+    log_std broadcast against each other, as in jnp)."""
+    return distrax.Independent(distrax.Normal(mean, jnp.exp(log_std)), reinterpreted_batch_ndims=1)
 
 
 class ActionMap(NamedTuple):
@@ -404,27 +398,31 @@ class ActionMap(NamedTuple):
     sample u, as in CleanRL, Stable-Baselines3 and PureJAXRL: the clip is treated as part of
     the environment, so the importance ratio of two Gaussians at the same u stays exact (the
     clipped action's own distribution has point masses at the bounds, which no density ratio
-    of the Gaussian would describe). Squash: a = centre + half_range * tanh(u), and
-    log p(a) = log N(u) - sum log(half_range * (1 - tanh(u)^2)), the change of variables; that
-    term does not depend on the parameters, so it cancels in the ratio, but it makes the stored
-    log-probability the true density of the executed action.
+    of the Gaussian would describe). Squash: a = centre + half_range * tanh(u) (`bijector`), and
+    log p(a) = log N(u) - log|det da/du|, the change of variables; that term does not depend on
+    the parameters, so it cancels in the ratio, but it makes the stored log-probability the true
+    density of the executed action. It is taken at the stored u (forward_log_det_jacobian),
+    never through distrax.Transformed.log_prob(a): that inverts tanh, and atanh(a) is inf once
+    tanh(u) rounds to 1 (|u| > ~9 in float32) and inaccurate well before.
     """
 
     low: jax.Array
     high: jax.Array
     squash: bool
 
+    def bijector(self) -> distrax.Bijector:
+        rescale = distrax.ScalarAffine(shift=(self.high + self.low) / 2, scale=(self.high - self.low) / 2)
+        return distrax.Block(distrax.Chain([rescale, distrax.Tanh()]), ndims=1)
+
     def __call__(self, u: jax.Array) -> jax.Array:
         if self.squash:
-            return (self.high + self.low) / 2 + (self.high - self.low) / 2 * jnp.tanh(u)
+            return self.bijector().forward(u)
         return jnp.clip(u, self.low, self.high)
 
     def log_prob(self, u: jax.Array, mean: jax.Array, log_std: jax.Array) -> jax.Array:
-        log_prob = gaussian_log_prob(u, mean, log_std)
+        log_prob = policy(mean, log_std).log_prob(u)
         if self.squash:
-            # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): no log(0) once tanh(u) rounds to 1.
-            log_det = jnp.log((self.high - self.low) / 2) + 2 * (math.log(2) - u - jax.nn.softplus(-2 * u))
-            log_prob = log_prob - log_det.sum(-1)
+            log_prob = log_prob - self.bijector().forward_log_det_jacobian(u)
         return log_prob
 
 
@@ -559,7 +557,7 @@ def ppo_loss(networks: Networks, to_env: ActionMap, params, minibatch: Batch, hp
         0.5 * jnp.maximum(jnp.square(value - minibatch.target), jnp.square(value_clipped - minibatch.target)).mean()
     )
     # With --squash this is the entropy before tanh: the squashed one has no closed form.
-    entropy = gaussian_entropy(log_std)
+    entropy = policy(mean, log_std).entropy().mean()
     loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
     stats = {
         "loss": loss,
@@ -1191,7 +1189,7 @@ def package_versions() -> dict:
     from importlib import metadata
 
     versions = {"python": sys.version.split()[0]}
-    for name in ("jax", "jaxlib", "flax", "optax", "gymnax", "chex", "numpy"):
+    for name in ("jax", "jaxlib", "flax", "optax", "distrax", "gymnax", "chex", "numpy"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

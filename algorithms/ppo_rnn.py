@@ -426,7 +426,7 @@ class ActorCritic(nn.Module):
         return self.actor_out(x), self.critic_out(y)[..., 0]
 
     def __call__(self, hidden: jax.Array, obs: jax.Array):
-        hidden = gru_cell(self.hidden_kernel, self.hidden_bias, hidden, self.inputs(obs))[0]
+        hidden = gru_cell(self.hidden_kernel, self.hidden_bias, hidden, self.inputs(obs))
         return (hidden, *self.heads(hidden))
 
 
@@ -441,14 +441,21 @@ def _stacked(init: Callable, blocks: int) -> Callable:
 
 
 def gru_cell(kernel, bias, hidden, gates):
-    """One GRU step (flax GRUCell's equations) from the state fed to it ([..., H]) and the
-    observation's gates ([..., 3H]). Returns the state after it, and r, z, n and the state's share
-    of the candidate gate for the gradient."""
-    x_r, x_z, x_n = jnp.split(gates, 3, axis=-1)
-    h_r, h_z, h_n = jnp.split(hidden @ kernel + bias, 3, axis=-1)
+    """One GRU step from the state fed to it ([..., H]) and the observation's gates ([..., 3H]):
+    the state's gates (a linear map of it), then `gru_combine`. Returns the state after it."""
+    return gru_combine(gates, hidden @ kernel + bias, hidden)
+
+
+def gru_combine(x_gates, h_gates, hidden):
+    """The cell's elementwise part (flax GRUCell's equations): the state after a step from the
+    observation's gates and the state's gates ([..., 3H] each: reset r, update z, candidate n)
+    and the state fed to the step. Edit it freely (a layer norm, another cell): `gru_unroll`'s
+    gradient differentiates it with jax.vjp."""
+    x_r, x_z, x_n = jnp.split(x_gates, 3, axis=-1)
+    h_r, h_z, h_n = jnp.split(h_gates, 3, axis=-1)
     r, z = nn.sigmoid(x_r + h_r), nn.sigmoid(x_z + h_z)
     n = jnp.tanh(x_n + r * h_n)
-    return (1.0 - z) * n + z * hidden, (r, z, n, h_n)
+    return (1.0 - z) * n + z * hidden
 
 
 def reset_hidden(hidden: jax.Array, start: jax.Array) -> jax.Array:
@@ -463,10 +470,13 @@ def gru_unroll(kernel, bias, hidden, gates, start):
     ([n, H]) and the observations' gates ([T, n, 3H]); the state fed to step t is reset where
     start[t] ([T, n]), exactly as in the rollout.
 
-    Its gradient is written out by hand. Autodiff of the scan adds the kernel's gradient up
-    inside the backward loop, a small matmul and add per step; here the loop only carries the
-    state's gradient, and the kernel's is one matmul over all steps after it (with autodiff a
-    default update took 1.3x as long on a 2-core CPU).
+    Its gradient is structured by hand, its arithmetic is JAX's. Autodiff of the scan adds the
+    kernel's gradient up inside the backward loop, a small matmul and add per step; here the
+    loop only carries the state's gradient, and the kernel's is one matmul over all steps after
+    it (autodiff's update is slower: benchmarks/README.md). Each step's
+    local derivatives are jax.vjp of `gru_combine`, so editing that function cannot make the
+    gradient wrong; `gru_cell`'s linear map (hidden @ kernel + bias) is the part written into
+    `_gru_backward`.
     """
     return _gru_forward(kernel, bias, hidden, gates, start)[0]
 
@@ -474,36 +484,35 @@ def gru_unroll(kernel, bias, hidden, gates, start):
 def _gru_forward(kernel, bias, hidden, gates, start):
     def step(hidden, xs):
         gates_t, start_t = xs
-        hidden, saved = gru_cell(kernel, bias, reset_hidden(hidden, start_t), gates_t)
-        return hidden, (hidden, jnp.concatenate(saved, axis=-1))  # one array to write per step, not four
+        fed = reset_hidden(hidden, start_t)
+        hidden_gates = fed @ kernel + bias
+        hidden = gru_combine(gates_t, hidden_gates, fed)
+        return hidden, (hidden, hidden_gates)
 
-    _, (states, saved) = jax.lax.scan(step, hidden, (gates, start))
-    return states, (kernel, hidden, states, saved, start)
+    _, (states, hidden_gates) = jax.lax.scan(step, hidden, (gates, start))
+    return states, (kernel, hidden, states, hidden_gates, gates, start)
 
 
 def _gru_backward(residuals, d_states):
-    kernel, hidden, states, saved, start = residuals
+    kernel, hidden, states, hidden_gates, gates, start = residuals
     # The transposed kernel, materialised once: left to itself XLA folds the transpose into the
-    # loop's matmul, whose CPU kernel then re-packs the kernel at every step (3x that matmul's
-    # time, 2-8% of a default update).
+    # loop's matmul, whose CPU kernel then re-packs the kernel at every step.
     kernel_t = jax.lax.optimization_barrier(kernel.T)
     # The state fed to each step, rebuilt outside the loop: the one after the step before, or reset.
     fed = reset_hidden(jnp.concatenate([hidden[None], states[:-1]]), start)
 
     def step(d_after, xs):  # d_after: the gradient of the state after step t, from the steps after it
-        d_state, fed, saved, start_t = xs
-        r, z, n, h_n = jnp.split(saved, 4, axis=-1)
-        d = d_state + d_after
-        d_n = d * (1.0 - z) * (1.0 - n * n)  # through n = tanh(x_n + r * h_n)
-        d_z = d * (fed - n) * z * (1.0 - z)  # through z = sigmoid(x_z + h_z)
-        d_r = d_n * h_n * r * (1.0 - r)  # through r = sigmoid(x_r + h_r)
-        d_fed = d * z + jnp.concatenate([d_r, d_z, d_n * r], axis=-1) @ kernel_t
+        d_state, gates_t, hidden_gates_t, fed_t, start_t = xs
+        # The step's elementwise part, differentiated by JAX (its forward is recomputed: cheap).
+        _, combine_vjp = jax.vjp(gru_combine, gates_t, hidden_gates_t, fed_t)
+        d_gates, d_hidden_gates, d_fed = combine_vjp(d_state + d_after)
+        d_fed = d_fed + d_hidden_gates @ kernel_t  # through hidden_gates = fed @ kernel + bias
         # A reset step's state was the initial one: nothing flows back into the step before it.
-        return reset_hidden(d_fed, start_t), jnp.concatenate([d_r, d_z, d_n], axis=-1)
+        return reset_hidden(d_fed, start_t), (d_gates, d_hidden_gates)
 
-    d_hidden, d_gates = jax.lax.scan(step, jnp.zeros_like(hidden), (d_states, fed, saved, start), reverse=True)
-    r = jnp.split(saved, 4, axis=-1)[0]
-    d_hidden_gates = d_gates * jnp.concatenate([jnp.ones_like(r), jnp.ones_like(r), r], axis=-1)
+    d_hidden, (d_gates, d_hidden_gates) = jax.lax.scan(
+        step, jnp.zeros_like(hidden), (d_states, gates, hidden_gates, fed, start), reverse=True
+    )
     d_kernel = jnp.einsum("tnh,tng->hg", fed, d_hidden_gates)
     return d_kernel, d_hidden_gates.sum((0, 1)), d_hidden, d_gates, None
 
@@ -1221,7 +1230,7 @@ def package_versions() -> dict:
     from importlib import metadata
 
     versions = {"python": sys.version.split()[0]}
-    for name in ("jax", "jaxlib", "flax", "optax", "gymnax", "chex", "numpy"):
+    for name in ("jax", "jaxlib", "flax", "optax", "distrax", "gymnax", "chex", "numpy"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

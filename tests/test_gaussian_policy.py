@@ -25,7 +25,7 @@ def test_gaussian_log_prob_matches_closed_form():
     x = np.array([[0.3, -1.2], [2.5, 0.0], [-4.0, 7.0]], np.float32)
     mean = np.array([[0.0, 0.5], [2.0, -1.0], [1.0, 1.0]], np.float32)
     log_std = np.array([-0.7, 0.4], np.float32)  # state-independent: broadcast over the batch
-    got = np.asarray(pc.gaussian_log_prob(x, mean, log_std))
+    got = np.asarray(pc.policy(mean, log_std).log_prob(x))
     want = [reference_log_prob(x[i], mean[i], log_std) for i in range(3)]
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
@@ -33,12 +33,12 @@ def test_gaussian_log_prob_matches_closed_form():
 def test_gaussian_entropy_matches_closed_form_and_numerical_integral():
     log_std = np.array([-1.5, 0.0, 0.8], np.float32)
     want = sum(0.5 * math.log(2 * math.pi * math.e * math.exp(2 * l)) for l in log_std)
-    assert float(pc.gaussian_entropy(log_std)) == pytest.approx(want, rel=1e-6)
+    assert float(pc.policy(jnp.zeros(3), log_std).entropy()) == pytest.approx(want, rel=1e-6)
     # -integral of p log p, dimension by dimension (independent dimensions: entropies add).
     numeric = 0.0
     for l in log_std:
         grid = np.linspace(-12, 12, 200_001) * math.exp(l)
-        log_p = np.asarray(pc.gaussian_log_prob(grid[:, None], 0.0, jnp.array([l]))).astype(np.float64)
+        log_p = np.asarray(pc.policy(jnp.zeros(1), jnp.array([l])).log_prob(grid[:, None])).astype(np.float64)
         p = np.exp(log_p)
         assert np.trapezoid(p, grid) == pytest.approx(1.0, abs=1e-6)
         numeric += -np.trapezoid(p * log_p, grid)
@@ -70,7 +70,7 @@ def test_squashed_log_prob_is_the_density_of_the_executed_action(low, high):
         density = (cdf(a + h) - cdf(a - h)) / (2 * h)
         assert math.exp(lp) == pytest.approx(density, rel=1e-3), a
     # The correction is exactly log |da/du|, and stays finite where tanh(u) rounds to +-1.
-    plain = np.asarray(pc.gaussian_log_prob(u[:, None], mean, jnp.array([log_std])))
+    plain = np.asarray(pc.policy(mean, jnp.array([log_std])).log_prob(u[:, None]))
     np.testing.assert_allclose(
         plain - log_prob, np.log(half * (1 - np.tanh(u.astype(np.float64)) ** 2)), rtol=1e-5, atol=1e-5
     )
@@ -84,5 +84,5 @@ def test_clipped_actions_keep_the_unclipped_samples_log_prob():
     np.testing.assert_array_equal(np.asarray(clip(u)), np.array([[2, -0.5], [-2, 1], [0.1, 0.2]], np.float32))
     mean, log_std = np.zeros((3, 2), np.float32), np.array([0.2, -0.1], np.float32)
     np.testing.assert_array_equal(
-        np.asarray(clip.log_prob(u, mean, log_std)), np.asarray(pc.gaussian_log_prob(u, mean, log_std))
+        np.asarray(clip.log_prob(u, mean, log_std)), np.asarray(pc.policy(mean, log_std).log_prob(u))
     )

@@ -114,14 +114,14 @@ def reference_unroll(rnn, kernel, bias, hidden, gates, start):
 
     def step(hidden, xs):
         gates_t, start_t = xs
-        hidden = rnn.gru_cell(kernel, bias, rnn.reset_hidden(hidden, start_t), gates_t)[0]
+        hidden = rnn.gru_cell(kernel, bias, rnn.reset_hidden(hidden, start_t), gates_t)
         return hidden, hidden
 
     return jax.lax.scan(step, hidden, (gates, start))[1]
 
 
 def test_gru_gradient_matches_autodiff(rnn):
-    """gru_unroll's hand-written backward pass == autodiff of the plain recurrence, resets included,
+    """gru_unroll's custom backward pass == autodiff of the plain recurrence, resets included,
     alone and vmapped (the command line vmaps runs)."""
     H = 8
     hidden, _, start = hand_made_sequence(rnn, H)
@@ -269,3 +269,35 @@ def test_memory_chain_trains(rnn):
     )
     _, metrics = jax.jit(rnn.make_train(config))(jax.random.PRNGKey(0))
     assert np.asarray(metrics["finite"]).all()
+
+
+def test_gru_gradient_stays_right_when_the_cell_is_edited(rnn, monkeypatch):
+    """The reason gru_unroll takes each step's local derivatives from jax.vjp of gru_combine: a
+    reader who edits the cell's elementwise part (here: a layer norm on the candidate's input)
+    still gets the true gradient, with no change to the backward pass."""
+    original = rnn.gru_combine
+
+    def edited(x_gates, h_gates, hidden):
+        x_r, x_z, x_n = jnp.split(x_gates, 3, axis=-1)
+        x_n = (x_n - x_n.mean(-1, keepdims=True)) / jnp.sqrt(x_n.var(-1, keepdims=True) + 1e-5)
+        return original(jnp.concatenate([x_r, x_z, x_n], -1), h_gates, hidden)
+
+    monkeypatch.setattr(rnn, "gru_combine", edited)
+    H = 8
+    hidden, _, start = hand_made_sequence(rnn, H)
+    rng = np.random.default_rng(2)
+    args = (
+        rng.normal(size=(H, 3 * H)).astype(np.float32) * 0.5,
+        rng.normal(size=3 * H).astype(np.float32) * 0.1,
+        hidden,
+        rng.normal(size=(*start.shape, 3 * H)).astype(np.float32),
+    )
+    weights = rng.normal(size=(*start.shape, H)).astype(np.float32)
+
+    def loss(unroll):
+        return lambda k, b, h, g: jnp.sum(weights * jnp.tanh(unroll(k, b, h, g, start)))
+
+    got = jax.grad(loss(rnn.gru_unroll), argnums=(0, 1, 2, 3))(*args)
+    want = jax.grad(loss(lambda *a: reference_unroll(rnn, *a)), argnums=(0, 1, 2, 3))(*args)
+    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=name)
