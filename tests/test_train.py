@@ -12,6 +12,14 @@ import pytest
 
 from conftest import ROOT, SMALL_TRAIN, _shared, load_algorithm
 
+# These compile programs of their own for every file; the fast loop runs them on ppo.py only
+# (conftest reads this), the slow tests on every file.
+SLOW_EXCEPT_PPO = {
+    "test_sweep_point_equals_run_with_that_config",
+    "test_every_sweepable_field_is_read_from_the_run_hyperparameters",
+    "test_chunked_run_matches_train",
+}
+
 # Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
 RTOL, ATOL = 1e-5, 1e-6
 
