@@ -67,6 +67,9 @@ class Config:
     gamma: float = _option(0.99, "discount factor")
     gae_lambda: float = _option(0.95, "GAE lambda (bias/variance trade-off of advantages)")
     clip_eps: float = _option(0.2, "PPO ratio clip range; also clips the value update")
+    objective: str = _option("ppo", "policy objective: ppo (clipped surrogate) or dpo (Discovered Policy Optimisation)")
+    dpo_alpha: float = _option(2.0, "DPO's drift threshold where the advantage is >= 0 (objective dpo)")
+    dpo_beta: float = _option(0.6, "DPO's drift threshold where the advantage is < 0 (objective dpo)")
     ent_coef: float = _option(0.01, "entropy bonus coefficient")
     vf_coef: float = _option(0.5, "value loss coefficient")
     max_grad_norm: float = _option(0.5, "global gradient-norm clip")
@@ -101,6 +104,7 @@ class HParams(NamedTuple):
 
 SWEEPABLE = HParams._fields
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+OBJECTIVES = ("ppo", "dpo")
 
 
 class ConfigError(ValueError):
@@ -127,6 +131,11 @@ def validate(config: Config) -> None:
         if getattr(config, name) <= 0:
             raise ConfigError(f"--{_flag(name)} must be a positive integer, got {getattr(config, name)}")
     validate_hparams({name: getattr(config, name) for name in SWEEPABLE})
+    if config.objective not in OBJECTIVES:
+        raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {config.objective!r}")
+    for name in ("dpo_alpha", "dpo_beta"):
+        if not (math.isfinite(getattr(config, name)) and getattr(config, name) > 0):
+            raise ConfigError(f"--{_flag(name)} must be positive, got {getattr(config, name)}")
     if config.activation not in ACTIVATIONS:
         raise ConfigError(f"--activation must be one of {', '.join(ACTIVATIONS)}, got {config.activation!r}")
     if config.steps_per_update % config.num_minibatches:
@@ -403,8 +412,27 @@ def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
     return advantage, advantage + value
 
 
-def ppo_loss(networks: Networks, params, minibatch: Batch, hp: HParams):
-    """The clipped surrogate, the clipped value loss and the entropy bonus of one minibatch."""
+def policy_objective(config: Config, ratio, log_ratio, advantage, clip_eps):
+    """Per sample, the policy loss from the probability ratio r = exp(log_ratio) of the new policy
+    to the one that acted and the (normalised) advantage A.
+
+    ppo: -min(r A, clip(r, 1 - clip_eps, 1 + clip_eps) A).
+    dpo (Lu et al. 2022, "Discovered Policy Optimisation"): -(r A - drift), where the drift is
+    ReLU((r - 1) A - alpha tanh((r - 1) A / alpha)) for A >= 0 and
+    ReLU(log(r) A - beta tanh(log(r) A / beta)) for A < 0: zero near r = 1, growing once the
+    policy has moved far in the direction the advantage favours.
+    """
+    if config.objective == "dpo":
+        alpha, beta = config.dpo_alpha, config.dpo_beta
+        drift_positive = nn.relu((ratio - 1) * advantage - alpha * jnp.tanh((ratio - 1) * advantage / alpha))
+        drift_negative = nn.relu(log_ratio * advantage - beta * jnp.tanh(log_ratio * advantage / beta))
+        return -(ratio * advantage - jnp.where(advantage >= 0, drift_positive, drift_negative))
+    return -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
+
+
+def ppo_loss(config: Config, networks: Networks, params, minibatch: Batch, hp: HParams):
+    """The policy objective (clipped surrogate or DPO), the clipped value loss and the entropy bonus
+    of one minibatch."""
     logits = networks.actor.apply(params["actor"], minibatch.obs)
     log_probs = jax.nn.log_softmax(logits)
     log_prob = jnp.take_along_axis(log_probs, minibatch.action[:, None], -1)[:, 0]
@@ -412,7 +440,7 @@ def ppo_loss(networks: Networks, params, minibatch: Batch, hp: HParams):
     ratio = jnp.exp(log_ratio)
     advantage = minibatch.advantage
     advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-    policy_loss = -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * advantage).mean()
+    policy_loss = policy_objective(config, ratio, log_ratio, advantage, hp.clip_eps).mean()
     value = networks.critic.apply(params["critic"], minibatch.obs)[:, 0]
     value_clipped = minibatch.value + jnp.clip(value - minibatch.value, -hp.clip_eps, hp.clip_eps)
     value_loss = (
@@ -555,7 +583,9 @@ def make_train(config: Config) -> Callable:
 
         def minibatch_step(train, minibatch: Batch):
             flat_params, opt_state = train
-            grads, stats = jax.grad(lambda p: ppo_loss(networks, unravel(p), minibatch, hp), has_aux=True)(flat_params)
+            grads, stats = jax.grad(lambda p: ppo_loss(config, networks, unravel(p), minibatch, hp), has_aux=True)(
+                flat_params
+            )
             updates, opt_state = optimizer.update(grads, opt_state)
             stats["grad_norm"] = jnp.linalg.norm(grads)
             return (flat_params + updates, opt_state), stats
