@@ -25,83 +25,55 @@ import numpy as np
 from common import ROOT, algorithm_path, describe, machine, run_cli, write_markdown
 
 # (algorithm file, environment, flags beyond the file's defaults). The budget is the file's default
-# unless the flags set one; seeds come from --seeds unless the flags set them.
+# unless the flags set one; seeds come from --seeds unless the flags set them. A row is known by its
+# algorithm, environment and --objective (PPO and DPO side by side).
 RUNS = [
-    ("ppo", "CartPole-v1", []),
-    ("dqn", "CartPole-v1", []),
-    ("pqn", "CartPole-v1", []),
-    ("ppo", "Acrobot-v1", ["--total-timesteps", "300000"]),
-    ("dqn", "Acrobot-v1", ["--total-timesteps", "300000"]),
-    ("pqn", "Acrobot-v1", ["--total-timesteps", "300000"]),
+    ("ppo", "CartPole-v1", ""),
+    ("ppo", "CartPole-v1", "--objective dpo"),
+    ("dqn", "CartPole-v1", ""),
+    ("pqn", "CartPole-v1", ""),
+    ("ppo", "Acrobot-v1", "--total-timesteps 300000"),
+    ("dqn", "Acrobot-v1", "--total-timesteps 300000"),
+    ("pqn", "Acrobot-v1", "--total-timesteps 300000"),
     (
         "ppo",
         "Breakout-MinAtar",
-        [
-            "--total-timesteps",
-            "1000000",
-            "--num-envs",
-            "64",
-            "--num-steps",
-            "64",
-            "--num-minibatches",
-            "8",
-            "--lr",
-            "5e-4",
-            "--activation",
-            "relu",
-            "--hidden-size",
-            "256",
-            "--num-seeds",
-            "4",
-        ],
+        "--total-timesteps 1000000 --num-envs 64 --num-steps 64 --num-minibatches 8 --lr 5e-4 --activation relu "
+        "--hidden-size 256 --num-seeds 4",
     ),
     (
         "dqn",
         "Breakout-MinAtar",
-        [
-            "--total-timesteps",
-            "1000000",
-            "--buffer-size",
-            "100000",
-            "--learning-starts",
-            "10000",
-            "--lr",
-            "1e-4",
-            "--hidden-size",
-            "256",
-            "--target-update-frequency",
-            "1000",
-            "--num-seeds",
-            "4",
-        ],
+        "--total-timesteps 1000000 --buffer-size 100000 --learning-starts 10000 --lr 1e-4 --hidden-size 256 "
+        "--target-update-frequency 1000 --num-seeds 4",
     ),
     (
         "pqn",
         "Breakout-MinAtar",
-        [
-            "--total-timesteps",
-            "1000000",
-            "--num-envs",
-            "64",
-            "--num-steps",
-            "32",
-            "--lr",
-            "2.5e-4",
-            "--hidden-size",
-            "256",
-            "--num-seeds",
-            "4",
-        ],
+        "--total-timesteps 1000000 --num-envs 64 --num-steps 32 --lr 2.5e-4 --hidden-size 256 --num-seeds 4",
     ),
-    ("ppo_continuous", "Pendulum-v1", []),
-    ("ppo_continuous", "MountainCarContinuous-v0", []),
-    ("ppo_rnn", "CartPole-v1-no-velocity", []),
-    ("ppo_rnn", "MemoryChain-bsuite", []),
+    ("ppo_continuous", "Pendulum-v1", ""),
+    ("ppo_continuous", "Pendulum-v1", "--objective dpo"),
+    ("ppo_continuous", "MountainCarContinuous-v0", ""),
+    ("ppo_rnn", "CartPole-v1-no-velocity", ""),
+    ("ppo_rnn", "MemoryChain-bsuite", ""),
 ]
 
 
-def measure(name: str, env: str, flags: list, seeds: int, scale: float, runs_dir: str) -> dict:
-    flags = ["--env-name", env, *flags]
+def row_key(name: str, env: str, flags) -> tuple:
+    """What tells rows apart: algorithm, environment and policy objective."""
+    flags = flags.split() if isinstance(flags, str) else list(flags)
+    objective = flags[flags.index("--objective") + 1] if "--objective" in flags else ""
+    return name, env, objective
+
+
+def row_label(key: tuple) -> str:
+    name, _, objective = key
+    return f"{name}.py" + (f" ({objective})" if objective else "")
+
+
+def measure(name: str, env: str, flags: str, seeds: int, scale: float, runs_dir: str) -> dict:
+    flags = ["--env-name", env, *flags.split()]
     if "--num-seeds" not in flags:
         flags += ["--num-seeds", str(seeds)]
     if scale != 1.0:  # a smoke run: the same row at a fraction of its budget
@@ -176,9 +148,11 @@ def _smooth(y: np.ndarray, window: int = 10) -> np.ndarray:
 def write_table(records: list, path: str) -> None:
     latest = {}
     for r in records:  # the newest measurement of each row, in RUNS order
-        latest[(r["algorithm"], r["env_name"])] = r
-    order = {(name, env): i for i, (name, env, _) in enumerate(RUNS)}
-    rows = sorted(latest.values(), key=lambda r: order.get((r["algorithm"], r["env_name"]), len(order)))
+        latest[row_key(r["algorithm"], r["env_name"], r["flags"])] = r
+    order = {row_key(*run): i for i, run in enumerate(RUNS)}
+    rows = sorted(
+        latest.values(), key=lambda r: order.get(row_key(r["algorithm"], r["env_name"], r["flags"]), len(order))
+    )
     lines = [
         "# Results: every algorithm on its environments",
         "",
@@ -195,8 +169,9 @@ def write_table(records: list, path: str) -> None:
     ]
     for r in rows:
         extra = " ".join(f for f in _without(_without(r["flags"], "--env-name"), "--num-seeds"))
+        label = row_label(row_key(r["algorithm"], r["env_name"], r["flags"]))
         lines.append(
-            f"| {r['env_name']} | {r['algorithm']}.py | {r['num_seeds']} | {r['total_timesteps']:,} | "
+            f"| {r['env_name']} | {label} | {r['num_seeds']} | {r['total_timesteps']:,} | "
             f"{_fmt(r['final_return_mean'])} ± {_fmt(r['final_return_std'])} | {_fmt(r['eval_return_mean'])} | "
             f"{r['compile_seconds']:.1f} | {r['train_seconds']:.1f} | {r['steps_per_second']:,.0f} | "
             f"{'`' + extra + '`' if extra else ''} |"
@@ -212,18 +187,19 @@ def plot(records: list, path: str) -> None:
 
     latest = {}
     for r in records:
-        latest[(r["algorithm"], r["env_name"])] = r
+        latest[row_key(r["algorithm"], r["env_name"], r["flags"])] = r
     envs = list(dict.fromkeys(env for _, env, _ in RUNS if any(k[1] == env for k in latest)))
-    names = list(dict.fromkeys(name for name, _, _ in RUNS))
-    colors = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per algorithm in every panel
+    variants = list(dict.fromkeys(row_label(row_key(*run)) for run in RUNS))
+    colors = {label: f"C{i}" for i, label in enumerate(variants)}  # one colour per algorithm in every panel
     fig, axes = plt.subplots(2, len(envs), figsize=(3.6 * len(envs), 6.4), squeeze=False)
     for column, env in enumerate(envs):
-        for (name, row_env), r in latest.items():
-            if row_env != env:
+        for key, r in latest.items():
+            if key[1] != env:
                 continue
+            label = row_label(key)
             curve = r["curve"]
             y = _smooth(np.array([np.nan if v is None else v for v in curve["return_mean"]]))
-            style = dict(label=f"{name} ({r['num_seeds']} seeds)", color=colors[name])
+            style = dict(label=f"{label} ({r['num_seeds']} seeds)", color=colors.get(label, "k"))
             axes[0, column].plot(curve["env_steps"], y, **style)
             # Wall-clock from the start of the process's compile: compile, then training.
             axes[1, column].plot(r["compile_seconds"] + np.array(curve["wall_seconds"]), y, **style)
