@@ -1016,7 +1016,10 @@ def record_chunk(
 # --------------------------------------------------------------------------------------
 # Results: summary, run directory, report
 # --------------------------------------------------------------------------------------
-def final_returns(metrics: dict, fraction: float = 0.05) -> np.ndarray:
+FINAL_FRACTION = 0.05  # a run's final return: its episodes that ended in this last share of the updates
+
+
+def final_returns(metrics: dict, fraction: float = FINAL_FRACTION) -> np.ndarray:
     """Per run: mean return of the episodes that ended in the last `fraction` of updates."""
     returns, counts = metrics["episode_return"], metrics["episodes_finished"]
     last = max(1, int(math.ceil(returns.shape[-1] * fraction)))
@@ -1024,6 +1027,42 @@ def final_returns(metrics: dict, fraction: float = 0.05) -> np.ndarray:
     total = np.where(counts > 0, returns * counts, 0.0).sum(-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return total / counts.sum(-1)
+
+
+def window_returns(metrics: dict, fraction: float = FINAL_FRACTION) -> np.ndarray:
+    """Per run and update: the mean return of the run's episodes that ended in the trailing window
+    of `fraction` of all updates, carried on through updates whose window holds none (NaN before
+    the first). Where the last window holds episodes, the last value is `final_returns`: the
+    learning curves are drawn from this, so they agree with the tables."""
+    returns, counts = metrics["episode_return"], metrics["episodes_finished"]
+    window = max(1, int(math.ceil(returns.shape[-1] * fraction)))
+
+    def trailing_sum(x):
+        total = np.cumsum(x, axis=-1, dtype=np.float64)
+        return total - np.concatenate([np.zeros_like(total[..., :window]), total[..., :-window]], axis=-1)
+
+    count = trailing_sum(counts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = np.where(count > 0, trailing_sum(np.where(counts > 0, returns * counts, 0.0)) / count, np.nan)
+    filled = np.maximum.accumulate(np.where(np.isnan(value), -1, np.arange(value.shape[-1])), axis=-1)
+    return np.where(filled >= 0, np.take_along_axis(value, np.maximum(filled, 0), axis=-1), np.nan)
+
+
+def iqm(values: np.ndarray) -> np.ndarray:
+    """Interquartile mean over the last axis (Agarwal et al. 2021): the mean of what is left after
+    cutting int(n / 4) values from each end, as scipy.stats.trim_mean(values, 0.25)."""
+    values = np.sort(values, axis=-1)
+    cut = int(values.shape[-1] * 0.25)
+    return values[..., cut : values.shape[-1] - cut].mean(-1)
+
+
+def bootstrap_interval(values: np.ndarray, reps: int = 2000, level: float = 0.95, seed: int = 0) -> tuple:
+    """Percentile bootstrap confidence interval of the IQM of `values` (seeds resampled with
+    replacement; one task, so stratifying changes nothing)."""
+    values = np.asarray(values, np.float64)
+    samples = values[np.random.default_rng(seed).integers(0, len(values), (reps, len(values)))]
+    low, high = np.percentile(iqm(samples), [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
 
 
 def _nanmean(x, axis=None):
@@ -1060,11 +1099,14 @@ def summarise(config: Config, plan: RunPlan, metrics: dict, eval_returns: np.nda
     per_point = []
     for index, point in enumerate(plan.points):
         final = finals[index]
+        finite = final[np.isfinite(final)]
         per_point.append(
             {
                 "sweep_point": point,
                 "final_return_mean": _number(_nanmean(final)),
                 "final_return_std": _number(np.sqrt(_nanmean((final - _nanmean(final)) ** 2))),
+                "final_return_iqm": _number(iqm(finite)) if len(finite) else None,
+                "final_return_iqm_ci95": list(bootstrap_interval(finite)) if len(finite) else None,
                 "final_return_per_seed": [_number(x) for x in final],
                 "eval_return_mean": None if eval_returns is None else _number(np.mean(eval_returns[index])),
             }
@@ -1171,15 +1213,15 @@ def plot_learning_curves(path: str, metrics: dict, plan: RunPlan) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     steps = metrics["env_steps"][0, 0]
-    for point, returns in zip(plan.points, metrics["episode_return"], strict=True):  # returns: [seeds, updates]
+    for point, returns in zip(plan.points, window_returns(metrics), strict=True):  # returns: [seeds, updates]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, low, high = (np.nanmean(returns, 0), np.nanmin(returns, 0), np.nanmax(returns, 0))
         (line,) = ax.plot(steps, mean, label=point_label(point) or f"mean of {plan.num_seeds} seeds")
         ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
     ax.set_xlabel("environment steps (per run)")
-    ax.set_ylabel("episode return")
-    ax.set_title(f"{ALGORITHM}: mean, min-max band over {plan.num_seeds} seeds")
+    ax.set_ylabel(f"return (each seed: episodes ending in the last {FINAL_FRACTION:.0%} of updates)")
+    ax.set_title(f"{ALGORITHM}: mean over {plan.num_seeds} seeds, band min to max")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
@@ -1192,9 +1234,11 @@ def plot_learning_curves(path: str, metrics: dict, plan: RunPlan) -> None:
 def report(config: Config, plan: RunPlan, summary: dict, say: Callable) -> None:
     show = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
     for point in summary.get("sweep", [summary]):
+        interval = point["final_return_iqm_ci95"] or [None, None]
         say(
             f"{point_label(point.get('sweep_point', {})) or 'final'}: return {show(point['final_return_mean'])} ± "
-            f"{show(point['final_return_std'])} over {plan.num_seeds} seeds (episodes ending in the last 5% of "
+            f"{show(point['final_return_std'])}, IQM {show(point['final_return_iqm'])} (95% CI {show(interval[0])} to "
+            f"{show(interval[1])}) over {plan.num_seeds} seeds (episodes ending in the last {FINAL_FRACTION:.0%} of "
             f"training), greedy eval {show(point['eval_return_mean'])}"
         )
     say(
