@@ -21,13 +21,16 @@ it defines things and does nothing else.
 
 import argparse
 import dataclasses
+import importlib.util
 import io
 import itertools
 import json
 import math
 import os
 import pkgutil
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -758,68 +761,37 @@ def saved_params(runner: Runner) -> dict:
     return runner.params
 
 
-class Evaluating(NamedTuple):
-    """What the evaluation loop carries from one env step to the next."""
+class GreedyPolicy(NamedTuple):
+    """How a trained run acts in evaluation: `init(num_envs)` gives the policy's own carry (none here),
+    `act(params, carry, obs, start) -> (carry, action)` the greedy action, where `params` is what
+    `saved_params` gives and `start` marks observations that begin an episode."""
 
-    env_state: Any
-    obs: jax.Array
-    total: jax.Array  # [episodes] return so far
-    alive: jax.Array  # [episodes] bool: the episode has not ended yet
-    rng: jax.Array
-    t: jax.Array  # env steps taken
+    init: Callable
+    act: Callable
 
 
-def make_evaluate(config: Config) -> Callable:
-    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes, one per
-    env, each scored until it ends; `params` as `saved_params` gives them."""
-    validate(config)
-    env = VecEnv(config.env_name, config.eval_episodes)
+def make_greedy_policy(config: Config, env: VecEnv) -> GreedyPolicy:
+    """The action of the highest Q-value of the online network."""
     networks = make_networks(config, env.num_actions)
 
-    def evaluate(params, rng: jax.Array) -> jax.Array:
-        reset_key, rng = jax.random.split(rng)
-        obs, env_state = env.reset(reset_key)
+    def act(params, carry, obs: jax.Array, start: jax.Array):
+        return carry, jnp.argmax(networks.q.apply(params["q"], obs), -1)
 
-        def running(carry: Evaluating):
-            return carry.alive.any() & (carry.t < env.max_episode_steps)
-
-        def env_step(carry: Evaluating):
-            rng, key = jax.random.split(carry.rng)
-            noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
-            action = jnp.argmax(networks.q.apply(params["q"], carry.obs), -1)
-            step = env.step(noise, carry.env_state, action)
-            return Evaluating(
-                env_state=step.state,
-                obs=step.obs,
-                total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
-                alive=carry.alive & ~(step.terminated | step.truncated),
-                rng=rng,
-                t=carry.t + 1,
-            )
-
-        start = Evaluating(
-            env_state=env_state,
-            obs=obs,
-            total=jnp.zeros(env.num_envs),
-            alive=jnp.ones(env.num_envs, bool),
-            rng=rng,
-            t=0,
-        )
-        return jax.lax.while_loop(running, env_step, start).total.mean()
-
-    return evaluate
+    return GreedyPolicy(init=lambda num_envs: (), act=act)
 
 
 # ======================================================================================
-# Run harness: the command line, the run directory, sharding, progress and plots.
+# Run harness: evaluation episodes, the command line, the run directory, checkpoints and
+# resume, sharding, progress, tracking and plots.
 #
 # Everything below this banner is the same, byte for byte, in every file of algorithms/
-# (tests/test_harness.py checks it): change it in all of them or in none. It reaches the
-# algorithm above only through these names: ALGORITHM, Config (its fields env_name,
-# total_timesteps, eval_episodes, seed, num_seeds and its properties steps_per_update and
-# num_updates), ConfigError, validate, HParams, SWEEPABLE, validate_hparams, check_resources,
-# make_train (train.init, train.run), saved_params and make_evaluate; and through the metrics
-# env_steps, episode_return, episodes_finished and finite of every update.
+# (tests/test_harness.py checks it; edit ppo.py's and run `python tests/test_harness.py` to
+# copy it into the others). It reaches the algorithm above only through these names:
+# ALGORITHM, Config (its fields env_name, total_timesteps, eval_episodes, seed, num_seeds and
+# its properties steps_per_update and num_updates), ConfigError, validate, HParams, SWEEPABLE,
+# validate_hparams, check_resources, make_env, VecEnv, make_train (train.init, train.run),
+# saved_params, make_greedy_policy and GreedyPolicy; a Runner field named `buffer`, if any, is
+# the replay buffer; and the metrics env_steps, episode_return, episodes_finished and finite.
 # ======================================================================================
 def configure_xla() -> None:
     """Sets, for this process, the XLA flags the command line trains with; a flag already in
@@ -871,6 +843,153 @@ def cpu_cores() -> int:
 
 
 # --------------------------------------------------------------------------------------
+# Greedy evaluation and recorded episodes
+# --------------------------------------------------------------------------------------
+class Evaluating(NamedTuple):
+    """What the evaluation loop carries from one env step to the next."""
+
+    env_state: Any
+    obs: jax.Array
+    policy: Any  # the greedy policy's own carry (e.g. a recurrent state)
+    start: jax.Array  # [episodes] bool: obs begins an episode
+    total: jax.Array  # [episodes] return so far
+    alive: jax.Array  # [episodes] bool: the episode has not ended yet
+    rng: jax.Array
+    t: jax.Array  # env steps taken
+
+
+def make_evaluate(config: Config) -> Callable:
+    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes, one per
+    env, each scored until it ends; `params` as `saved_params` gives them."""
+    validate(config)
+    env = VecEnv(config.env_name, config.eval_episodes)
+    policy = make_greedy_policy(config, env)
+
+    def evaluate(params, rng: jax.Array) -> jax.Array:
+        reset_key, rng = jax.random.split(rng)
+        obs, env_state = env.reset(reset_key)
+
+        def running(carry: Evaluating):
+            return carry.alive.any() & (carry.t < env.max_episode_steps)
+
+        def env_step(carry: Evaluating):
+            rng, key = jax.random.split(carry.rng)
+            noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
+            policy_carry, action = policy.act(params, carry.policy, carry.obs, carry.start)
+            step = env.step(noise, carry.env_state, action)
+            done = step.terminated | step.truncated
+            return Evaluating(
+                env_state=step.state,
+                obs=step.obs,
+                policy=policy_carry,
+                start=done,
+                total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
+                alive=carry.alive & ~done,
+                rng=rng,
+                t=carry.t + 1,
+            )
+
+        first = Evaluating(
+            env_state=env_state,
+            obs=obs,
+            policy=policy.init(env.num_envs),
+            start=jnp.ones(env.num_envs, bool),
+            total=jnp.zeros(env.num_envs),
+            alive=jnp.ones(env.num_envs, bool),
+            rng=rng,
+            t=0,
+        )
+        return jax.lax.while_loop(running, env_step, first).total.mean()
+
+    return evaluate
+
+
+def make_episode_recorder(config: Config) -> Callable:
+    """Returns `record(params, rng) -> (env states, rewards, alive)`, each [max_episode_steps]:
+    one greedy episode (the first of `evaluate`'s with the same key), the state each step starts
+    from, its reward, and whether the episode was still running."""
+    env = VecEnv(config.env_name, 1)
+    policy = make_greedy_policy(config, env)
+
+    def record(params, rng: jax.Array):
+        reset_key, rng = jax.random.split(rng)
+        obs, env_state = env.reset(reset_key)
+
+        def env_step(carry: Evaluating, _):
+            rng, key = jax.random.split(carry.rng)
+            noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
+            policy_carry, action = policy.act(params, carry.policy, carry.obs, carry.start)
+            step = env.step(noise, carry.env_state, action)
+            done = step.terminated | step.truncated
+            after = carry._replace(
+                env_state=step.state, obs=step.obs, policy=policy_carry, start=done, alive=carry.alive & ~done, rng=rng
+            )
+            return after, (carry.env_state, step.reward, carry.alive)
+
+        first = Evaluating(
+            env_state=env_state,
+            obs=obs,
+            policy=policy.init(1),
+            start=jnp.ones(1, bool),
+            total=jnp.zeros(1),
+            alive=jnp.ones(1, bool),
+            rng=rng,
+            t=0,
+        )
+        _, (states, rewards, alive) = jax.lax.scan(env_step, first, None, env.max_episode_steps)
+        return jax.tree.map(lambda x: x[:, 0], (states, rewards, alive))
+
+    return record
+
+
+# What gymnax's Visualizer can draw (classic control through gymnasium's pygame renderer).
+DRAWABLE = {
+    "MinAtar": ("Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar", "SpaceInvaders-MinAtar"),
+    "pygame": ("Acrobot-v1", "CartPole-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0"),
+    "other": ("Catch-bsuite", "Pong-misc", "PointRobot-misc", "MetaMaze-misc", "FourRooms-misc"),
+}
+
+
+def drawable_env(env_name: str):
+    """(env, params) that gymnax can draw for `env_name` (a wrapper's inner env if need be), or a
+    ConfigError saying why not."""
+    env, env_params = make_env(env_name)
+    while env.name not in sum(DRAWABLE.values(), ()) and hasattr(env, "env"):
+        env = env.env  # e.g. an observation wrapper: the states are its inner env's
+    if env.name not in sum(DRAWABLE.values(), ()):
+        raise ConfigError(f"--render: gymnax cannot draw {env_name}; it draws {', '.join(sum(DRAWABLE.values(), ()))}")
+    if env.name in DRAWABLE["pygame"] and importlib.util.find_spec("pygame") is None:
+        raise ConfigError(f"--render: gymnax draws {env.name} with pygame: pip install pygame")
+    return env, env_params
+
+
+def render_episodes(job: "Job", plan: "RunPlan", params, say: Callable) -> None:
+    """One greedy episode per run as an animated GIF, one frame per step, in RUN_DIR/episodes."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame draws off screen
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from gymnax.visualize import Visualizer
+
+    env, env_params = drawable_env(job.config.env_name)
+    record = jax.jit(make_episode_recorder(job.config))
+    folder = os.path.join(job.run_dir, "episodes")
+    os.makedirs(folder, exist_ok=True)
+    for point_index, point in enumerate(plan.points):
+        for seed in range(plan.num_seeds):
+            run = point_index * plan.num_seeds + seed
+            states, rewards, alive = jax.device_get(
+                record(jax.tree.map(lambda x: x[point_index, seed], params), plan.eval_keys[run])
+            )
+            length = int(alive.sum())
+            frames = [jax.tree.map(lambda x: x[t], states) for t in range(length)]
+            name = "-".join(filter(None, [point_label(point).replace(", ", "-"), f"seed{seed}"])) + ".gif"
+            Visualizer(env, env_params, frames, np.cumsum(rewards[:length])).animate(os.path.join(folder, name))
+            say(f"{name}: {length} steps, return {float(rewards[:length].sum()):.1f}")
+
+
+# --------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
@@ -882,8 +1001,10 @@ def program_name() -> str:
     return os.path.basename(sys.argv[0]) or f"{ALGORITHM}.py"
 
 
-def parse_args(argv: Sequence[str] | None = None):
-    """(Config, sweep {field: values}, the other options) from the command line."""
+def build_parser(defaults: bool = True) -> _Parser:
+    """Every Config field as a flag, and the harness's own options; with `defaults=False`, the
+    options not given on the command line are left out (to tell which were given)."""
+    default = (lambda value: value) if defaults else (lambda value: argparse.SUPPRESS)
     parser = _Parser(
         prog=program_name(),
         description=__doc__.split("\n\n")[0],
@@ -893,35 +1014,89 @@ def parse_args(argv: Sequence[str] | None = None):
         flag = "--" + _flag(field.name)
         if field.type is bool:
             parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=field.default, help=field.metadata["doc"]
+                flag, action=argparse.BooleanOptionalAction, default=default(field.default), help=field.metadata["doc"]
             )
         else:
             parser.add_argument(
                 flag,
                 type=_integer if field.type is int else field.type,
-                default=field.default,
+                default=default(field.default),
                 metavar=field.type.__name__.upper(),
                 help=field.metadata["doc"],
             )
-    parser.add_argument(
+    harness = parser.add_argument_group("run harness")
+    harness.add_argument(
         "--sweep",
         action="append",
-        default=[],
+        default=default([]),
         metavar="FIELD=V1,V2,...",
         help=f"train every value in one compiled program (repeat for a grid); FIELD is one "
         f"of {', '.join(map(_flag, SWEEPABLE))}",
     )
-    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
-    parser.add_argument(
+    harness.add_argument("--runs-dir", default=default("runs"), help="results go to a new directory under this one")
+    harness.add_argument(
+        "--checkpoint",
+        action=argparse.BooleanOptionalAction,
+        default=default(True),
+        help="write the whole training state into RUN_DIR/checkpoint.msgpack when training ends (and on Ctrl-C)",
+    )
+    harness.add_argument(
+        "--checkpoint-every",
+        type=_integer,
+        default=default(0),
+        metavar="CHUNKS",
+        help="also write it every CHUNKS chunks of ~10%% of training (0: only at the end)",
+    )
+    harness.add_argument(
+        "--checkpoint-buffer",
+        action=argparse.BooleanOptionalAction,
+        default=default(True),
+        help="keep the replay buffer (if any) in checkpoints; a run resumed without one restarts it empty",
+    )
+    harness.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=default(None),
+        help="continue the run in RUN_DIR from its checkpoint; only --total-timesteps may change",
+    )
+    harness.add_argument(
+        "--eval-only",
+        metavar="RUN_DIR",
+        default=default(None),
+        help="evaluate the parameters RUN_DIR saved (--eval-episodes may change); write RUN_DIR/evaluation.json",
+    )
+    harness.add_argument(
+        "--render",
+        action="store_true",
+        default=default(False),
+        help="with --eval-only: also draw one greedy episode per run, RUN_DIR/episodes/*.gif",
+    )
+    harness.add_argument(
+        "--track",
+        choices=("tensorboard", "wandb"),
+        default=default(None),
+        help="stream every update's metrics of every run to TensorBoard (RUN_DIR/tensorboard) or to Weights & "
+        "Biases (WANDB_MODE=offline works without a network)",
+    )
+    harness.add_argument("--wandb-project", default=default(ALGORITHM), help="the W&B project of --track wandb")
+    harness.add_argument(
         "--compile-cache",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=default(True),
         help="JAX persistent compilation cache (JAX_COMPILATION_CACHE_DIR, else ~/.cache/jax_rl_compile)",
     )
-    parser.add_argument("--quiet", action="store_true", help="print only the results directory")
-    args = parser.parse_args(argv)
+    harness.add_argument(
+        "--quiet", action="store_true", default=default(False), help="print only the results directory"
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None):
+    """(Config, sweep {field: values}, the other options, the names of the options given)."""
+    args = build_parser().parse_args(argv)
+    given = set(vars(build_parser(defaults=False).parse_args(argv)))
     config = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
-    return config, parse_sweep(args.sweep), args
+    return config, parse_sweep(args.sweep), args, given
 
 
 def _integer(text: str) -> int:
@@ -1066,7 +1241,8 @@ def compile_programs(config: Config, plan: RunPlan):
 @dataclasses.dataclass
 class TrainingLog:
     """What has reached the host so far: each finished chunk's metrics ([points, seeds, updates]
-    per name) and when it finished (seconds since training began)."""
+    per name) and when it finished (seconds of training, earlier sessions of a resumed run
+    included). A resumed run's first chunk is everything trained before, with its wall_seconds."""
 
     chunks: list = dataclasses.field(default_factory=list)
     chunk_ends: list = dataclasses.field(default_factory=list)
@@ -1075,48 +1251,325 @@ class TrainingLog:
     def num_updates(self) -> int:
         return sum(chunk["episode_return"].shape[-1] for chunk in self.chunks)
 
+    @property
+    def seconds(self) -> float:
+        return self.chunk_ends[-1] if self.chunk_ends else 0.0
+
     def metrics(self) -> dict:
         """Every finished update's metrics, plus `wall_seconds`: when each update had finished,
         measured at chunk ends and interpolated within a chunk (its updates cost alike)."""
         if not self.chunks:
             return {}
-        metrics = {name: np.concatenate([chunk[name] for chunk in self.chunks], axis=-1) for name in self.chunks[0]}
-        ends = np.cumsum([chunk["episode_return"].shape[-1] for chunk in self.chunks])
-        metrics["wall_seconds"] = np.interp(np.arange(1, ends[-1] + 1), [0, *ends], [0.0, *self.chunk_ends])
+        names = [name for name in self.chunks[-1] if name != "wall_seconds"]
+        metrics = {name: np.concatenate([chunk[name] for chunk in self.chunks], axis=-1) for name in names}
+        walls, previous = [], 0.0
+        for chunk, end in zip(self.chunks, self.chunk_ends, strict=True):
+            updates = chunk["episode_return"].shape[-1]
+            walls.append(chunk.get("wall_seconds", previous + (end - previous) * np.arange(1, updates + 1) / updates))
+            previous = end
+        metrics["wall_seconds"] = np.concatenate(walls)
         return metrics
 
 
-def train_in_chunks(config: Config, plan: RunPlan, programs: Programs, runner, log: TrainingLog, say: Callable):
-    """Runs every update as calls of one compiled chunk, reporting between them: a callback inside
-    the program would keep it out of the persistent compile cache. Each chunk is dispatched
-    before the previous one is reported, so reporting costs no training time. Returns the
-    final runners; `log` holds every finished chunk, also when this raises."""
-    start, pending = time.perf_counter(), None
-    for first in range(0, config.num_updates, programs.chunk):
-        runner, metrics = programs.run(runner, jnp.int32(first))
-        if pending is not None:
-            record_chunk(config, plan, log, *pending, start, say)
-        pending = (first, metrics)
-    record_chunk(config, plan, log, *pending, start, say)
-    return runner
+def train_in_chunks(job: "Job", plan: RunPlan, programs: Programs, runner, log: TrainingLog, report: Callable):
+    """Runs the updates not yet in `log` as calls of one compiled chunk, reporting between them:
+    a callback inside the program would keep it out of the persistent compile cache. Each chunk
+    is dispatched before the previous one is reported, so reporting costs no training time; the
+    pipeline waits only where a checkpoint is due (--checkpoint-every, or Ctrl-C: then training
+    stops there). Returns (final runners, whether Ctrl-C stopped it); `log` holds every finished
+    chunk, also when this raises."""
+    config, every, pending = job.config, job.args.checkpoint_every, None
+    start = time.perf_counter() - log.seconds
+    with StopRequest() as stop:
+        for index, first in enumerate(range(log.num_updates, config.num_updates, programs.chunk)):
+            runner, metrics = programs.run(runner, jnp.int32(first))
+            if pending is not None:
+                report(record_chunk(config, plan, log, *pending, start))
+            pending = (first, metrics)
+            if first + programs.chunk < config.num_updates and (stop.requested or (every and (index + 1) % every == 0)):
+                report(record_chunk(config, plan, log, *pending, start))
+                pending = None
+                save_checkpoint(job, plan, runner, log)
+                if stop.requested:
+                    return runner, True
+        report(record_chunk(config, plan, log, *pending, start))
+    return runner, False
 
 
-def record_chunk(
-    config: Config, plan: RunPlan, log: TrainingLog, first: int, metrics: dict, start: float, say: Callable
-) -> None:
-    """Brings a chunk's metrics to the host (waiting for it to finish), logs and reports it;
-    updates past the config's end, which the last chunk skips, are dropped."""
+def record_chunk(config: Config, plan: RunPlan, log: TrainingLog, first: int, metrics: dict, start: float) -> dict:
+    """Brings a chunk's metrics to the host (waiting for it to finish) and logs them; updates
+    past the config's end, which the last chunk skips, are dropped. Returns them."""
     updates = min(config.num_updates - first, metrics["episode_return"].shape[-1])
     metrics = {name: value[..., :updates] for name, value in plan.to_host(metrics).items()}
-    seconds = time.perf_counter() - start
     log.chunks.append(metrics)
-    log.chunk_ends.append(seconds)
-    done = first + updates
-    steps = done * config.steps_per_update
-    say(
-        f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
-        f"return {_nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s"
+    log.chunk_ends.append(time.perf_counter() - start)
+    return metrics
+
+
+def progress_reporter(config: Config, plan: RunPlan, log: TrainingLog, say: Callable, tracker) -> Callable:
+    """What happens to each chunk's metrics once on the host: a progress line, and the tracker."""
+
+    def report(metrics: dict) -> None:
+        done, seconds = log.num_updates, log.seconds
+        steps = done * config.steps_per_update
+        say(
+            f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
+            f"return {_nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s"
+        )
+        if tracker is not None:
+            tracker.log(metrics)
+
+    return report
+
+
+class StopRequest:
+    """Ctrl-C during training: the first asks to stop at the end of the current chunk, after a
+    checkpoint; a second one stops at once (KeyboardInterrupt)."""
+
+    def __init__(self):
+        self.requested, self.previous = False, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self.previous = signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            "Ctrl-C: stopping after this chunk with a checkpoint (Ctrl-C again: stop now)", file=sys.stderr, flush=True
+        )
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+# --------------------------------------------------------------------------------------
+# Checkpoints, resume and the run's source directory
+# --------------------------------------------------------------------------------------
+CHECKPOINT = "checkpoint.msgpack"
+
+
+class Job(NamedTuple):
+    """One command: what to train (or evaluate) and where."""
+
+    config: Config
+    sweep: dict
+    points: list
+    args: argparse.Namespace
+    run_dir: str | None  # None on every host but host 0
+    checkpoint: dict | None  # what --resume continues from
+    params: Any  # what --eval-only evaluates
+
+
+def prepare(argv: Sequence[str] | None, is_host_0: bool) -> Job:
+    """Parses and checks the command line, reads what --resume or --eval-only continue from, and
+    makes a new run's directory: every ConfigError comes before anything compiles."""
+    config, sweep, args, given = parse_args(argv)
+    if args.resume and args.eval_only:
+        raise ConfigError("--resume and --eval-only: give one of them")
+    if args.render and not args.eval_only:
+        raise ConfigError("--render draws a trained policy: use it with --eval-only RUN_DIR")
+    source = args.resume or args.eval_only
+    if source:
+        option = "--resume" if args.resume else "--eval-only"
+        config, sweep = saved_config(option, source, config, sweep, given)
+    validate(config)
+    points = sweep_points(config, sweep)
+    if not args.eval_only:
+        check_resources(config, len(points) * config.num_seeds)
+    if args.render:
+        drawable_env(config.env_name)
+    if args.track:
+        module = {"tensorboard": "tensorboardX", "wandb": "wandb"}[args.track]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"--track {args.track} needs {module}: pip install {module}")
+    checkpoint = load_checkpoint(source, config) if args.resume else None
+    params = load_params(source) if args.eval_only else None
+    run_dir = source or (create_run_dir(args.runs_dir, config, sweep) if is_host_0 else None)
+    if args.resume and is_host_0:  # the run's config.json says what it now trains for
+        write_file(os.path.join(source, "config.json"), config_json(config, sweep))
+    return Job(
+        config=config,
+        sweep=sweep,
+        points=points,
+        args=args,
+        run_dir=run_dir if is_host_0 else None,
+        checkpoint=checkpoint,
+        params=params,
     )
+
+
+def saved_config(option: str, run_dir: str, config: Config, sweep: dict, given: set):
+    """The Config and sweep a run directory was trained with; of the flags given now, only those
+    that cannot change the compiled program or the results so far may differ."""
+    try:
+        with open(os.path.join(run_dir, "config.json")) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{option} {run_dir}: no readable config.json there ({error})") from None
+    fields = {field.name for field in dataclasses.fields(Config)}
+    saved_sweep = saved.pop("sweep", {})
+    result = Config(**{name: value for name, value in saved.items() if name in fields})
+    may_change = {"--resume": {"total_timesteps"}, "--eval-only": {"eval_episodes"}}[option]
+    for name in sorted(given & fields):
+        if getattr(config, name) != getattr(result, name):
+            if name not in may_change:
+                raise ConfigError(
+                    f"--{_flag(name)} cannot change with {option} (the run has "
+                    f"{getattr(result, name)!r}); may change: {', '.join(map(_flag, may_change))}"
+                )
+            result = dataclasses.replace(result, **{name: getattr(config, name)})
+    if "sweep" in given and sweep != saved_sweep:
+        raise ConfigError(f"--sweep cannot change with {option} (the run swept {saved_sweep})")
+    return result, saved_sweep
+
+
+def save_checkpoint(job: Job, plan: RunPlan, runner, log: TrainingLog) -> int | None:
+    """Writes every run's whole training state (every Runner field: parameters, optimizer, env
+    states, observations, episode counters, statistics, random keys, the replay buffer unless
+    --no-checkpoint-buffer) with the metrics so far into RUN_DIR/checkpoint.msgpack, atomically:
+    a crash while writing leaves the previous checkpoint whole. Returns its size on host 0."""
+    if not job.args.checkpoint:
+        return None
+    state = plan.to_host(runner)  # every host takes part: a gather under jax.distributed
+    keep = job.args.checkpoint_buffer
+    leaves = {
+        jax.tree_util.keystr(path): np.asarray(leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+        if keep or not is_buffer(path)
+    }
+    if job.run_dir is None:
+        return None
+    data = serialization.msgpack_serialize(
+        {
+            "algorithm": ALGORITHM,
+            "updates_done": log.num_updates,
+            "train_seconds": log.seconds,
+            "metrics": log.metrics(),
+            "runner": leaves,
+            "buffer_saved": keep or not hasattr(runner, "buffer"),
+        }
+    )
+    write_file(os.path.join(job.run_dir, CHECKPOINT), data)
+    return len(data)
+
+
+def is_buffer(path) -> bool:
+    return getattr(path[0], "name", None) == "buffer"
+
+
+def load_checkpoint(run_dir: str, config: Config) -> dict:
+    try:
+        with open(os.path.join(run_dir, CHECKPOINT), "rb") as f:
+            checkpoint = serialization.msgpack_restore(f.read())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"--resume {run_dir}: no readable {CHECKPOINT} there ({error})") from None
+    if checkpoint["algorithm"] != ALGORITHM:
+        raise ConfigError(f"--resume {run_dir}: a checkpoint of {checkpoint['algorithm']}.py, not {ALGORITHM}.py")
+    done = int(checkpoint["updates_done"])
+    if done > config.num_updates:
+        raise ConfigError(
+            f"--total-timesteps {config.total_timesteps:,}: the run has already trained "
+            f"{done * config.steps_per_update:,} steps per run"
+        )
+    return checkpoint
+
+
+def restore_runner(runner, checkpoint: dict, plan: RunPlan):
+    """The fresh runners with every saved field put back; a field the checkpoint left out (the
+    replay buffer) stays as `init` made it."""
+    saved = checkpoint["runner"]
+
+    def restore(path, leaf):
+        key = jax.tree_util.keystr(path)
+        if key not in saved:
+            return leaf
+        value = np.asarray(saved[key])
+        value = value.reshape(plan.num_runs, *value.shape[2:])  # [points, seeds, ...] -> [runs, ...]
+        if value.shape[1:] != leaf.shape[1:] or value.dtype != leaf.dtype:
+            raise ConfigError(
+                f"--resume: the checkpoint's {key} is {value.dtype}{list(value.shape[1:])}, "
+                f"this program's {leaf.dtype}{list(leaf.shape[1:])}"
+            )
+        return pad_runs(value, plan.num_runs)
+
+    return jax.device_put(jax.tree_util.tree_map_with_path(restore, runner), plan.sharding)
+
+
+def resume_log(checkpoint: dict) -> TrainingLog:
+    metrics = {name: np.asarray(value) for name, value in checkpoint["metrics"].items()}
+    return TrainingLog(chunks=[metrics], chunk_ends=[float(checkpoint["train_seconds"])])
+
+
+def load_params(run_dir: str):
+    try:
+        with open(os.path.join(run_dir, "params.msgpack"), "rb") as f:
+            return serialization.msgpack_restore(f.read())
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            f"--eval-only {run_dir}: no readable params.msgpack there ({error}); a stopped "
+            "run writes it once --resume has finished it"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------
+# Tracking (--track)
+# --------------------------------------------------------------------------------------
+class Tracker:
+    """Every update's metrics of every run, streamed from the host as each chunk arrives, with
+    the config first and the summary last. Imported only when asked for."""
+
+    def __init__(self, job: Job, plan: RunPlan):
+        self.kind, self.plan = job.args.track, plan
+        config = {**dataclasses.asdict(job.config), "sweep": job.sweep}
+        if self.kind == "tensorboard":
+            from tensorboardX import SummaryWriter
+
+            self.writer = SummaryWriter(os.path.join(job.run_dir, "tensorboard"))
+            self.writer.add_text("config", "    " + json.dumps(config, indent=2).replace("\n", "\n    "))
+        else:
+            import wandb
+
+            self.run = wandb.init(
+                project=job.args.wandb_project,
+                name=os.path.basename(os.path.normpath(job.run_dir)),
+                dir=job.run_dir,
+                config=config,
+            )
+        self.labels = [
+            f"{point_label(point) + ' ' if point else ''}seed{seed}"
+            for point in plan.points
+            for seed in range(plan.num_seeds)
+        ]
+
+    def log(self, metrics: dict) -> None:
+        """metrics: {name: [points, seeds, updates]}; logged at each update's env steps."""
+        names = [name for name in metrics if name not in ("env_steps", "wall_seconds")]
+        for update in range(metrics["env_steps"].shape[-1]):
+            step = int(metrics["env_steps"][0, 0, update])
+            values = {
+                f"{name}/{label}": float(metrics[name].reshape(-1, metrics[name].shape[-1])[run, update])
+                for name in names
+                for run, label in enumerate(self.labels)
+            }
+            values = {tag: value for tag, value in values.items() if math.isfinite(value)}
+            if self.kind == "tensorboard":
+                for tag, value in values.items():
+                    self.writer.add_scalar(tag, value, step)
+            else:
+                self.run.log(values, step=step)
+
+    def finish(self, summary: dict) -> None:
+        if self.kind == "tensorboard":
+            self.writer.add_text("summary", "    " + json.dumps(summary, indent=2).replace("\n", "\n    "))
+            self.writer.close()
+        else:
+            self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})
+            self.run.finish()
 
 
 # --------------------------------------------------------------------------------------
@@ -1261,15 +1714,16 @@ def create_run_dir(runs_dir: str, config: Config, sweep: dict) -> str:
     `runs_dir` that cannot hold it is a ConfigError. Never reuses a directory."""
     try:
         run_dir = new_run_dir(runs_dir, config)
-        write_file(
-            os.path.join(run_dir, "config.json"),
-            json.dumps({**dataclasses.asdict(config), "sweep": sweep}, indent=2).encode(),
-        )
+        write_file(os.path.join(run_dir, "config.json"), config_json(config, sweep))
     except OSError as error:
         raise ConfigError(
             f"--runs-dir {runs_dir}: cannot write a run directory there ({error.strerror or error})"
         ) from None
     return run_dir
+
+
+def config_json(config: Config, sweep: dict) -> bytes:
+    return json.dumps({**dataclasses.asdict(config), "sweep": sweep}, indent=2).encode()
 
 
 def new_run_dir(runs_dir: str, config: Config) -> str:
@@ -1364,41 +1818,57 @@ def enable_compile_cache() -> None:
 # --------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line. Exit status: 0 done, 2 bad input (nothing compiled or written), 3 NaN or
-    inf appeared, 1 training or writing stopped by an error, 130 training stopped by Ctrl-C."""
+    inf appeared, 1 training or writing stopped by an error, 130 stopped by Ctrl-C."""
     is_host_0 = jax.process_index() == 0  # under jax.distributed, host 0 reports and writes
     try:
-        config, sweep, args = parse_args(argv)
-        validate(config)
-        points = sweep_points(config, sweep)
-        check_resources(config, len(points) * config.num_seeds)
-        run_dir = create_run_dir(args.runs_dir, config, sweep) if is_host_0 else None
+        job = prepare(argv, is_host_0)
     except ConfigError as error:
         print(f"{program_name()}: error: {error}", file=sys.stderr)
         return 2
-    say = print_progress if is_host_0 and not args.quiet else lambda *_: None
-    if args.compile_cache:
+    say = print_progress if is_host_0 and not job.args.quiet else lambda *_: None
+    if job.args.compile_cache:
         enable_compile_cache()
-    plan = plan_runs(config, points)
-    announce(config, plan, say)
+    plan = plan_runs(job.config, job.points)
+    if job.args.eval_only:
+        return evaluate_saved(job, plan, say)
+    announce(job, plan, say)
     start = time.perf_counter()
-    runner, programs = compile_programs(config, plan)
+    runner, programs = compile_programs(job.config, plan)
     seconds = {"compile": time.perf_counter() - start}
     say(f"compiled in {seconds['compile']:.1f} s")
-    log, start = TrainingLog(), time.perf_counter()
+    log = TrainingLog()
+    if job.checkpoint:
+        runner, log = restore_runner(runner, job.checkpoint, plan), resume_log(job.checkpoint)
+    tracker = Tracker(job, plan) if job.args.track and job.run_dir else None
     try:
-        runner = train_in_chunks(config, plan, programs, runner, log, say)
+        runner, interrupted = train_in_chunks(
+            job, plan, programs, runner, log, progress_reporter(job.config, plan, log, say, tracker)
+        )
     except (Exception, KeyboardInterrupt) as error:
-        return stopped_early(config, plan, log, run_dir, error)
-    seconds["train"] = time.perf_counter() - start
-    return finish(config, plan, programs, runner, log.metrics(), seconds, run_dir, say)
+        return stopped_early(job, plan, log, error)
+    if interrupted:
+        return stopped_early(job, plan, log, KeyboardInterrupt(), checkpointed=True)
+    seconds["train"] = log.seconds
+    return finish(job, plan, programs, runner, log, seconds, say, tracker)
 
 
-def announce(config: Config, plan: RunPlan, say: Callable) -> None:
+def announce(job: Job, plan: RunPlan, say: Callable) -> None:
+    config = job.config
     say(
         f"{ALGORITHM} on {config.env_name}: {plan.num_runs} run(s) ({plan.num_seeds} seeds x {len(plan.points)} "
         f"sweep points), {config.num_updates} updates of {config.steps_per_update} env steps each, on "
         f"{len(run_devices(plan.num_runs))} {jax.default_backend()} device(s)"
     )
+    if job.checkpoint:
+        buffer = (
+            ""
+            if job.checkpoint["buffer_saved"]
+            else (
+                "; its replay buffer was not saved: it restarts empty and refills as the agent acts, and gradient "
+                "steps go on at their schedule, drawing from what it holds"
+            )
+        )
+        say(f"resuming {job.run_dir} after update {int(job.checkpoint['updates_done'])}{buffer}")
     if config.total_timesteps % config.steps_per_update:
         say(
             f"note: total_timesteps {config.total_timesteps:,} is not a multiple of the {config.steps_per_update} "
@@ -1407,31 +1877,29 @@ def announce(config: Config, plan: RunPlan, say: Callable) -> None:
 
 
 def finish(
-    config: Config,
-    plan: RunPlan,
-    programs: Programs,
-    runner,
-    metrics: dict,
-    seconds: dict,
-    run_dir: str | None,
-    say: Callable,
+    job: Job, plan: RunPlan, programs: Programs, runner, log: TrainingLog, seconds: dict, say: Callable, tracker
 ) -> int:
-    """Evaluates the trained runs, writes the run directory and reports; returns the exit status."""
+    """Evaluates the trained runs, writes the checkpoint and the run directory, and reports;
+    returns the exit status."""
     start = time.perf_counter()
     saved = saved_params(runner)
     eval_keys = jax.device_put(plan.eval_keys, plan.sharding)
     eval_returns, params = plan.to_host((programs.evaluate(saved, eval_keys), saved))
     seconds["eval"] = time.perf_counter() - start
-    summary = summarise(config, plan, metrics, eval_returns, seconds)
-    if run_dir is None:  # not host 0
-        return 3 if "nonfinite" in summary else 0
+    metrics = log.metrics()
+    summary = summarise(job.config, plan, metrics, eval_returns, seconds)
     try:
-        write_results(run_dir, plan, metrics, eval_returns, params, summary)
+        summary["checkpoint_bytes"] = save_checkpoint(job, plan, runner, log)
+        if job.run_dir is None:  # not host 0
+            return 3 if "nonfinite" in summary else 0
+        write_results(job.run_dir, plan, metrics, eval_returns, params, summary)
     except OSError as error:
-        print(f"{program_name()}: error: could not write the results into {run_dir}: {error}", file=sys.stderr)
+        print(f"{program_name()}: error: could not write the results into {job.run_dir}: {error}", file=sys.stderr)
         return 1
-    report(config, plan, summary, say)
-    print(f"results: {run_dir}", flush=True)
+    if tracker is not None:
+        tracker.finish(summary)
+    report(job.config, plan, summary, say)
+    print(f"results: {job.run_dir}", flush=True)
     if "nonfinite" in summary:
         bad = summary["nonfinite"]
         print(
@@ -1445,15 +1913,51 @@ def finish(
     return 0
 
 
+def evaluate_saved(job: Job, plan: RunPlan, say: Callable) -> int:
+    """--eval-only: the saved parameters of every run, evaluated with the keys training's own
+    evaluation used (so the same --eval-episodes give the same returns); --render draws them."""
+    params = jax.tree.map(
+        lambda x: pad_runs(np.reshape(x, (plan.num_runs, *np.shape(x)[2:])), plan.num_runs), job.params
+    )
+    evaluate = jax.jit(jax.vmap(make_evaluate(job.config)), out_shardings=plan.sharding)
+    returns = plan.to_host(
+        evaluate(jax.device_put(params, plan.sharding), jax.device_put(plan.eval_keys, plan.sharding))
+    )
+    if job.run_dir is None:
+        return 0
+    result = {
+        "eval_episodes": job.config.eval_episodes,
+        "points": [
+            {
+                "sweep_point": point,
+                "eval_return_mean": float(np.mean(returns[index])),
+                "eval_return_per_seed": [float(x) for x in returns[index]],
+            }
+            for index, point in enumerate(plan.points)
+        ],
+    }
+    write_file(os.path.join(job.run_dir, "evaluation.json"), json.dumps(result, indent=2).encode())
+    for point in result["points"]:
+        say(
+            f"{point_label(point['sweep_point']) or 'eval'}: greedy return {point['eval_return_mean']:.1f} over "
+            f"{plan.num_seeds} seeds x {job.config.eval_episodes} episodes"
+        )
+    if job.args.render:
+        render_episodes(job, plan, job.params, say)
+    print(f"results: {job.run_dir}", flush=True)
+    return 0
+
+
 def print_progress(*args) -> None:
     print(*args, flush=True)
 
 
-def stopped_early(config: Config, plan: RunPlan, log: TrainingLog, run_dir: str | None, error: BaseException) -> int:
+def stopped_early(job: Job, plan: RunPlan, log: TrainingLog, error: BaseException, checkpointed: bool = False) -> int:
     """Training stopped (an error, or Ctrl-C): the run directory keeps every update that finished
-    and a summary that says why; one line on stderr says so."""
+    and a summary that says why; one line on stderr says so, and how to go on after Ctrl-C."""
     interrupted = isinstance(error, KeyboardInterrupt)
     why = "interrupted (Ctrl-C)" if interrupted else f"{type(error).__name__}: {error}".splitlines()[0]
+    config, run_dir = job.config, job.run_dir
     if run_dir is not None:
         summary = {
             "algorithm": ALGORITHM,
@@ -1466,18 +1970,22 @@ def stopped_early(config: Config, plan: RunPlan, log: TrainingLog, run_dir: str 
         try:
             if log.chunks:
                 metrics = log.metrics()
-                summary = {**summarise(config, plan, metrics, None, {"train": log.chunk_ends[-1]}), **summary}
+                summary = {**summarise(config, plan, metrics, None, {"train": log.seconds}), **summary}
                 write_results(run_dir, plan, metrics, None, None, summary)
             else:
                 write_file(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=2).encode())
         except OSError:
             pass  # the error that stopped training is the one to report
         print(f"results: {run_dir}", flush=True)
-    print(
-        f"{program_name()}: error: training stopped after {log.num_updates} of {config.num_updates} updates: "
-        f"{why}" + (f"; the finished updates are in {run_dir}" if run_dir else ""),
-        file=sys.stderr,
+    how = (
+        f"; continue with --resume {run_dir}"
+        if checkpointed and job.args.checkpoint
+        else f"; the finished updates are in {run_dir}"
+        if run_dir
+        else ""
     )
+    stopped = f"training stopped after {log.num_updates} of {config.num_updates} updates"
+    print(f"{program_name()}: error: {stopped}: {why}{how}", file=sys.stderr)
     return 130 if interrupted else 1
 
 

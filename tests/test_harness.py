@@ -185,10 +185,11 @@ def test_a_run_stopped_during_training_keeps_its_finished_updates(stop, tmp_path
     record_chunk, calls = ppo.record_chunk, []
 
     def record_then_stop(*args):
-        record_chunk(*args)
+        metrics = record_chunk(*args)
         calls.append(1)
         if len(calls) == 2:
             raise stop("stopped by the test")
+        return metrics
 
     monkeypatch.setattr(ppo, "record_chunk", record_then_stop)
     code, out, err = run_main(ppo, [*SMALL, "--runs-dir", str(tmp_path)], capsys)
@@ -217,7 +218,13 @@ def test_a_plot_that_fails_costs_nothing_else(tmp_path, capsys, monkeypatch):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith("warning: could not draw learning_curve.png (no backend)")
     run_dir = results_dir(out)
-    assert {p.name for p in run_dir.iterdir()} == {"config.json", "metrics.npz", "summary.json", "params.msgpack"}
+    assert {p.name for p in run_dir.iterdir()} == {
+        "config.json",
+        "metrics.npz",
+        "summary.json",
+        "params.msgpack",
+        "checkpoint.msgpack",
+    }
 
 
 if __name__ == "__main__":  # python tests/test_harness.py: copy ppo.py's harness into every other file

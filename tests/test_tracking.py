@@ -1,0 +1,124 @@
+"""--track tensorboard and --track wandb (offline): what they stream can be read back and equals
+metrics.npz; --eval-only reproduces a run's greedy evaluation; --render draws one frame per step.
+
+TensorBoard event files are read with tensorboardX's own protobuf classes, and W&B's offline run
+file with wandb's, through the record framing both use (checksum, length, type)."""
+
+import json
+import pathlib
+import struct
+
+import numpy as np
+import pytest
+from test_cli import ALGORITHMS
+
+from conftest import load_algorithm
+
+SMALL = [*ALGORITHMS["ppo"].small, "--quiet"]  # 2 seeds, 16 updates
+
+
+def run_main(argv, capsys):
+    ppo = load_algorithm("ppo")
+    code = ppo.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    last = out.strip().splitlines()[-1]
+    return pathlib.Path(last[len("results: ") :]), out
+
+
+def metrics_of(run_dir):
+    with np.load(run_dir / "metrics.npz") as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def tensorboard_scalars(folder: pathlib.Path) -> dict:
+    """{tag: {step: value}} from every event file: TFRecord framing (length, crc, data, crc)."""
+    from tensorboardX.proto import event_pb2
+
+    scalars = {}
+    for path in folder.glob("events.out.tfevents.*"):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                if value.HasField("simple_value"):
+                    scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    return scalars
+
+
+def wandb_history(path: pathlib.Path) -> list[dict]:
+    """The history rows of a W&B run file: a 7-byte header, then LevelDB-style records
+    (checksum, length, type) in 32 KiB blocks, each a wandb Record protobuf."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, block, pending, rows = path.read_bytes(), 7, 32768, b"", []
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record.FromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
+    return rows
+
+
+def test_tensorboard_holds_every_update_of_every_seed(tmp_path, capsys):
+    pytest.importorskip("tensorboardX")
+    run_dir, _ = run_main([*SMALL, "--runs-dir", tmp_path, "--track", "tensorboard"], capsys)
+    scalars = tensorboard_scalars(run_dir / "tensorboard")
+    metrics = metrics_of(run_dir)
+    steps = metrics["env_steps"][0, 0]
+    for seed in (0, 1):
+        for name in ("loss", "entropy", "episodes_finished"):
+            logged = scalars[f"{name}/seed{seed}"]
+            assert sorted(logged) == list(steps)
+            np.testing.assert_allclose([logged[s] for s in steps], metrics[name][0, seed], rtol=1e-6)
+        returns = metrics["episode_return"][0, seed]  # NaN where no episode ended: not logged
+        logged = scalars[f"episode_return/seed{seed}"]
+        assert sorted(logged) == list(steps[np.isfinite(returns)])
+
+
+def test_wandb_offline_holds_every_update_of_every_seed(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir, _ = run_main([*SMALL, "--runs-dir", tmp_path, "--track", "wandb"], capsys)
+    (run_file,) = (run_dir / "wandb").glob("offline-run-*/*.wandb")
+    rows = wandb_history(run_file)
+    metrics = metrics_of(run_dir)
+    assert len(rows) == metrics["loss"].shape[-1]
+    for row, loss in zip(rows, metrics["loss"][0, 1], strict=True):
+        assert row["loss/seed1"] == pytest.approx(float(loss), rel=1e-6)
+
+
+def test_eval_only_reproduces_the_evaluation_and_renders_each_step(tmp_path, capsys):
+    pytest.importorskip("pygame")
+    from PIL import Image
+
+    run_dir, _ = run_main([*SMALL, "--runs-dir", tmp_path], capsys)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    _, out = run_main(["--eval-only", run_dir, "--render"], capsys)
+    evaluation = json.loads((run_dir / "evaluation.json").read_text())
+    assert evaluation["points"][0]["eval_return_mean"] == summary["eval_return_mean"]
+    for seed in (0, 1):  # the episode's length, as the command line reported it
+        length = int(next(line for line in out.splitlines() if line.startswith(f"seed{seed}.gif")).split()[1])
+        with Image.open(run_dir / "episodes" / f"seed{seed}.gif") as gif:
+            assert gif.n_frames == length
+        assert 1 <= length <= 500
+
+
+def test_render_refuses_what_gymnax_cannot_draw():
+    ppo = load_algorithm("ppo")
+    with pytest.raises(ppo.ConfigError, match="cannot draw DeepSea-bsuite"):
+        ppo.drawable_env("DeepSea-bsuite")
