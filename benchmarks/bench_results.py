@@ -22,7 +22,7 @@ import os
 import tempfile
 
 import numpy as np
-from common import ROOT, algorithm_path, describe, machine, run_cli, write_markdown
+from common import ROOT, algorithm_path, describe, machine, run_cli, seed_curves, write_markdown
 
 # (algorithm file, environment, flags beyond the file's defaults). The budget is the file's default
 # unless the flags set one; seeds come from --seeds unless the flags set them. A row is known by its
@@ -83,9 +83,9 @@ def measure(name: str, env: str, flags: str, seeds: int, scale: float, runs_dir:
     with tempfile.TemporaryDirectory() as cache:
         result = run_cli(name, flags, runs_dir, cache)
     summary, metrics = result["summary"], result["metrics"]
-    returns = metrics["episode_return"][0]  # [seeds, updates] (no sweep: one point)
+    # Mean over seeds of each seed's own return (the run directory's curve; no sweep: one point).
     with np.errstate(all="ignore"):
-        curve = _nanmean_rows(returns)
+        curve = _nanmean_rows(seed_curves(metrics)[0])
     every = max(1, len(curve) // 200)  # at most ~200 points of curve per row in the jsonl
     return {
         "algorithm": name,
@@ -214,7 +214,8 @@ def plot(records: list, path: str) -> None:
     axes[1, 0].set_ylabel("mean episode return")
     where = next(iter(latest.values()))["machine"]
     fig.suptitle(
-        "mean return of the episodes that ended, over seeds (moving average of 10 points); "
+        "mean over seeds of each seed's return (its episodes ending in the last 5% of updates), "
+        "moving average of 10 points; "
         f"{where['backend']} ({where['device']}), {where['cpu_cores']} CPU cores, "
         f"jax {where['versions'].get('jax')}",
         fontsize="small",

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, algorithm_path, describe, machine, run_cli, write_markdown
+from common import ROOT, describe, load_algorithm, machine, run_cli, write_markdown
 
 PEER_DRIVER = os.path.join(ROOT, "benchmarks", "peers", "purejaxrl_driver.py")
 # PureJAXRL's CartPole configs (the dicts at the bottom of its ppo.py and dqn.py), in our field names.
@@ -89,18 +89,9 @@ THRESHOLD = 475.0
 SCHEDULER_ON = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
 
 
-def load(algorithm: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(algorithm, algorithm_path(algorithm))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def worker(algorithm: str, seeds: int, preset: str) -> None:
     """Times our train as one jitted call on one device, as the peer driver times PureJAXRL's."""
-    module = load(algorithm)
+    module = load_algorithm(algorithm)
     module.configure_xla()  # the XLA flags the command line sets, before any JAX computation
     import jax
     import numpy as np

@@ -17,6 +17,26 @@ def algorithm_path(name: str) -> str:
     return os.path.join(ROOT, "algorithms", f"{name}.py")
 
 
+def load_algorithm(name: str):
+    """algorithms/<name>.py as a module: importing it defines things and does nothing else."""
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, algorithm_path(name))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def seed_curves(metrics: dict) -> np.ndarray:
+    """Each seed's own return per update, as the run directory's curve and the tables define it
+    (the harness's window_returns: episodes ending in the trailing 5% window): [..., seeds, updates]."""
+    return load_algorithm("ppo").window_returns(metrics)
+
+
 def run_cli(name: str, flags: list, runs_dir: str, cache_dir: str, timeout: int = 1800) -> dict:
     """`python algorithms/<name>.py FLAGS --quiet` in a fresh process with the given compile cache
     (an empty one measures a cold compile). Returns the run directory's summary and metrics, the

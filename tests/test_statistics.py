@@ -3,13 +3,14 @@ the same episodes, the interquartile mean and its bootstrap confidence interval 
 2021), against NumPy loops and scipy. (rliable 1.2.0 installs beside the stack but fails at run
 time with NumPy 2.4 and pandas 3, so the harness computes them itself.)"""
 
+import json
 import math
 
 import numpy as np
 import pytest
 import scipy.stats
 
-from conftest import load_algorithm
+from conftest import ROOT, load_algorithm
 
 ppo = load_algorithm("ppo")
 
@@ -73,3 +74,33 @@ def test_bootstrap_interval_against_a_numpy_loop():
     assert ppo.bootstrap_interval(scores) == pytest.approx(tuple(np.percentile(iqms, [2.5, 97.5])), rel=1e-12)
     low, high = ppo.bootstrap_interval(scores)
     assert low <= ppo.iqm(scores) <= high
+
+
+def test_compare_writes_the_harness_figures(tmp_path):
+    """benchmarks/compare.py on two run directories: one row per sweep point, with the IQM and
+    interval the harness computes, and a figure."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import compare
+
+    run_dirs = []
+    for index, points in enumerate((1, 2)):
+        metrics = random_metrics(index, runs=(points, 4), updates=30)
+        metrics["env_steps"] = np.broadcast_to(np.arange(1, 31) * 100, (points, 4, 30))
+        metrics["wall_seconds"] = np.arange(1, 31) * 0.1
+        run_dir = tmp_path / f"run{index}"
+        run_dir.mkdir()
+        np.savez(run_dir / "metrics.npz", **metrics)
+        summary = {"algorithm": "ppo", "env_name": "CartPole-v1", "trained_timesteps": 3000, "eval_return_mean": 1.0}
+        if points > 1:
+            summary["sweep"] = [{"sweep_point": {"lr": lr}, "eval_return_mean": 2.0} for lr in (1e-3, 3e-3)]
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        run_dirs.append(run_dir)
+    out = tmp_path / "comparison"
+    assert compare.main([*map(str, run_dirs), "--out", str(out)]) == 0
+    table = (tmp_path / "comparison.md").read_text()
+    assert table.count("| ppo run") == 3 and "lr=0.003" in table
+    finals = ppo.final_returns({k: v[1] for k, v in random_metrics(1, runs=(2, 4), updates=30).items()})
+    assert f"{ppo.iqm(finals[np.isfinite(finals)]):.1f} [" in table
+    assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"
