@@ -17,6 +17,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PPO_PATH = ROOT / "algorithms" / "ppo.py"
+ALGORITHM_NAMES = sorted(path.stem for path in (ROOT / "algorithms").glob("*.py"))
 
 
 def _load(name: str, path: pathlib.Path):
@@ -97,13 +98,30 @@ def check_bootstrap_at_truncation_only(returns_of, next_value, gamma: float, lam
         np.testing.assert_array_equal(returns_of(bumped), base, err_msg=f"terminated at t={t}, env {n}")
 
 
+def algorithm_of(item) -> str | None:
+    """The algorithm file a test exercises: its `name` parameter, else its module's name
+    (test_sac_loss.py -> sac), else None."""
+    callspec = getattr(item, "callspec", None)
+    if callspec and "name" in callspec.params:
+        return callspec.params["name"]
+    module = item.module.__name__.removeprefix("test_")
+    matches = [n for n in ALGORITHM_NAMES if module == n or module.startswith(n + "_")]
+    return max(matches, key=len, default=None)
+
+
 def pytest_collection_modifyitems(items):
-    """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py."""
+    """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py.
+    Under pytest-xdist (`--dist loadgroup`, pytest.ini) the tests of one algorithm run in one
+    worker, so each small program is compiled once (the _SHARED cache is per process)."""
     for item in items:
         slow_except_ppo = getattr(item.module, "SLOW_EXCEPT_PPO", ())
-        callspec = getattr(item, "callspec", None)
-        if item.originalname in slow_except_ppo and callspec and callspec.params.get("name") != "ppo":
+        algorithm = algorithm_of(item)
+        if item.originalname in slow_except_ppo and algorithm != "ppo":
             item.add_marker(pytest.mark.slow)
+        if algorithm is not None:
+            # The command-line tests share subprocess runs, not in-process programs: a group of their own.
+            prefix = "cli-" if item.module.__name__ == "test_cli" else ""
+            item.add_marker(pytest.mark.xdist_group(prefix + algorithm))
 
 
 def load_algorithm(name: str):
@@ -186,6 +204,45 @@ SMALL_TRAIN = {
         ),
         5,
         1e-3,
+    ),
+    # Pendulum: every episode ends at the last step, all 4 envs together (so the mean return divides
+    # by 4, exact however XLA computes x / n). 4 envs and a train interval of 3 divide neither way:
+    # rounds of gradient steps fall between vectorized steps, some of which owe two; learning starts
+    # inside the first update.
+    "sac": (
+        dict(
+            env_name="Pendulum-v1",
+            num_envs=4,
+            num_steps=50,
+            total_timesteps=4 * 50 * 4,
+            buffer_size=800,
+            batch_size=16,
+            learning_starts=100,
+            train_frequency=3,
+            hidden_size=16,
+            num_seeds=1,
+        ),
+        4,
+        3e-3,
+    ),
+    # As sac's; the first update owes an odd number of critic steps, so the actor's (every 2nd) fall
+    # across update boundaries.
+    "td3": (
+        dict(
+            env_name="Pendulum-v1",
+            num_envs=4,
+            num_steps=50,
+            total_timesteps=4 * 50 * 4,
+            buffer_size=800,
+            batch_size=16,
+            learning_starts=100,
+            train_frequency=3,
+            policy_delay=2,
+            hidden_size=16,
+            num_seeds=1,
+        ),
+        4,
+        3e-3,
     ),
 }
 _SHARED = {}

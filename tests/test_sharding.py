@@ -30,13 +30,18 @@ def runs(request, tmp_path_factory):
     """metrics.npz and params.msgpack of the same runs on 1, 2 and 4 devices."""
     name = request.param
 
+    # Directories made here, not in the threads: tmp_path_factory is not thread-safe.
+    dirs = {
+        devices: (tmp_path_factory.mktemp("cache"), tmp_path_factory.mktemp(f"runs{devices}")) for devices in (1, 2, 4)
+    }
+
     def run(devices: int):
+        cache_dir, runs_dir = dirs[devices]
         env = dict(
             os.environ,
             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-            JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("cache")),
+            JAX_COMPILATION_CACHE_DIR=str(cache_dir),
         )
-        runs_dir = tmp_path_factory.mktemp(f"runs{devices}")
         try:
             return subprocess.run(
                 [

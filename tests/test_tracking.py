@@ -102,15 +102,21 @@ def test_wandb_offline_holds_every_update_of_every_seed(tmp_path, capsys, monkey
         assert row["loss/seed1"] == pytest.approx(float(loss), rel=1e-6)
 
 
-def test_eval_only_reproduces_the_evaluation_and_renders_each_step(tmp_path, capsys):
+def test_eval_only_reproduces_the_evaluation(tmp_path, capsys):
+    run_dir, _ = run_main([*SMALL, "--runs-dir", tmp_path], capsys)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    run_main(["--eval-only", run_dir], capsys)
+    evaluation = json.loads((run_dir / "evaluation.json").read_text())
+    assert evaluation["points"][0]["eval_return_mean"] == summary["eval_return_mean"]
+
+
+@pytest.mark.slow  # drawing CartPole through pygame and matplotlib takes a minute or two
+def test_render_writes_one_frame_per_step_of_the_episode(tmp_path, capsys):
     pytest.importorskip("pygame")
     from PIL import Image
 
     run_dir, _ = run_main([*SMALL, "--runs-dir", tmp_path], capsys)
-    summary = json.loads((run_dir / "summary.json").read_text())
     _, out = run_main(["--eval-only", run_dir, "--render"], capsys)
-    evaluation = json.loads((run_dir / "evaluation.json").read_text())
-    assert evaluation["points"][0]["eval_return_mean"] == summary["eval_return_mean"]
     for seed in (0, 1):  # the episode's length, as the command line reported it
         length = int(next(line for line in out.splitlines() if line.startswith(f"seed{seed}.gif")).split()[1])
         with Image.open(run_dir / "episodes" / f"seed{seed}.gif") as gif:
