@@ -55,6 +55,10 @@ RUNS = [
     ("ppo_continuous", "Pendulum-v1", ""),
     ("ppo_continuous", "Pendulum-v1", "--objective dpo"),
     ("ppo_continuous", "MountainCarContinuous-v0", ""),
+    ("sac", "Pendulum-v1", ""),
+    ("td3", "Pendulum-v1", ""),
+    ("sac", "MountainCarContinuous-v0", "--total-timesteps 50000"),
+    ("td3", "MountainCarContinuous-v0", "--total-timesteps 50000"),
     ("ppo_rnn", "CartPole-v1-no-velocity", ""),
     ("ppo_rnn", "MemoryChain-bsuite", ""),
 ]

@@ -54,8 +54,8 @@ SMALL_SEEDS = 2
 SLOW_EXCEPT_PPO = {
     "test_small_run_writes_a_complete_run_directory",
     "test_second_run_gets_a_new_directory",
-    "test_sweep_has_a_leading_sweep_axis",
     "test_diverging_run_exits_3_and_still_writes_results",
+    "test_copied_script_runs_on_its_own",
 }
 ALGORITHMS = {
     "ppo": Algorithm(
@@ -158,6 +158,83 @@ ALGORITHMS = {
             "sweep-epsilon-out-of-range": (["--sweep", "eps-end=0.1,2"], "--eps-end"),
             "sweep-ppo-only-field": (["--sweep", "gae-lambda=0.9"], "--sweep"),
         },
+    ),
+    "sac": Algorithm(
+        small=(
+            "--total-timesteps",
+            "800",
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "50",
+            "--num-seeds",
+            str(SMALL_SEEDS),
+            "--buffer-size",
+            "800",
+            "--batch-size",
+            "32",
+            "--learning-starts",
+            "200",
+            "--hidden-size",
+            "32",
+            "--eval-episodes",
+            "4",
+        ),
+        steps_per_update=200,
+        diverge=("--lr", "1e30"),
+        bad_inputs={
+            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+            # 2e9 slots of 33 B (Pendulum) for 8 seeds: 528 GB; refused before allocating, naming the size.
+            "buffer-beyond-memory": (["--buffer-size", "2000000000"], "528 GB"),
+            "negative-alpha": (["--alpha", "-0.1"], "--alpha"),
+            "log-std-bounds-reversed": (["--log-std-min", "3"], "--log-std-min"),
+            "zero-gradient-steps": (["--gradient-steps", "0"], "--gradient-steps"),
+            "unknown-activation": (["--activation", "gelu"], "--activation"),
+            "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau"),
+        },
+        wrong_action_env="CartPole-v1",
+        env="Pendulum-v1",
+        obs_dim=3,
+        return_range=(-3300, 0),  # Pendulum pays at most pi^2 + 0.1 * 8^2 + 0.001 * 2^2 = 16.27 a step, 200 steps
+        first_kernel="actor/params/Dense_0/kernel",  # the critics' first layer reads obs and action
+        tolerance=(2e-3, 1e-3),  # as ppo_continuous: Pendulum amplifies rounding differences
+    ),
+    "td3": Algorithm(
+        small=(
+            "--total-timesteps",
+            "800",
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "50",
+            "--num-seeds",
+            str(SMALL_SEEDS),
+            "--buffer-size",
+            "800",
+            "--batch-size",
+            "32",
+            "--learning-starts",
+            "200",
+            "--hidden-size",
+            "32",
+            "--eval-episodes",
+            "4",
+        ),
+        steps_per_update=200,
+        diverge=("--lr", "1e30"),
+        bad_inputs={
+            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+            "zero-policy-delay": (["--policy-delay", "0"], "--policy-delay"),
+            "zero-critics": (["--num-critics", "0"], "--num-critics"),
+            "negative-policy-noise": (["--policy-noise", "-0.1"], "--policy-noise"),
+            "sweep-negative-noise-clip": (["--sweep", "noise-clip=0.5,-1"], "--noise-clip"),
+        },
+        wrong_action_env="CartPole-v1",
+        env="Pendulum-v1",
+        obs_dim=3,
+        return_range=(-3300, 0),
+        first_kernel="actor/params/Dense_0/kernel",
+        tolerance=(2e-2, 2e-3),  # as ppo_continuous, and the twin minimum's kinks (tests/test_train.py RTOL_OF)
     ),
 }
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
@@ -379,6 +456,7 @@ def test_new_run_dir_never_reuses_a_directory(module, tmp_path):
     assert made[-1] not in made[:-1] and (made[0] / "marker").read_text() == "first"
 
 
+@pytest.mark.slow  # the sweep's results as in-process runs: tests/test_train.py, in the fast loop
 def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_script_run):
     runs_dir = tmp_path / "runs"
     updates = algo.small_updates

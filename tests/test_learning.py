@@ -38,6 +38,16 @@ def _ppo_rnn_checks(ppo_rnn, config, runner, metrics):
     assert (mlp_finals < 200).all(), f"ppo.py final returns per seed without velocities: {np.round(mlp_finals, 1)}"
 
 
+def _off_policy_continuous_checks(module, config, runner, metrics):
+    """sac.py and td3.py: every gradient step the schedule promises was taken, and the greedy
+    policy (the squashed mean, or the actor without noise) also returns >= -200 on every seed."""
+    np.testing.assert_array_equal(metrics["gradient_steps"].sum(-1), module.total_gradient_steps(config))
+    eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
+    evaluate = jax.jit(jax.vmap(module.make_evaluate(config)))
+    greedy = np.asarray(evaluate(module.saved_params(runner), eval_keys))
+    assert (greedy >= -200.0).all(), f"greedy evaluation returns per seed: {np.round(greedy, 1)}"
+
+
 # name: (the default Config's env, the final return every seed must reach, extra checks)
 TARGETS = {
     "ppo": ("CartPole-v1", SOLVED, None),
@@ -46,6 +56,8 @@ TARGETS = {
     "ppo_continuous": ("Pendulum-v1", -250.0, None),
     # CartPole-v1 observing only cart position and pole angle: the velocities must be remembered.
     "ppo_rnn": ("CartPole-v1-no-velocity", 400.0, _ppo_rnn_checks),
+    "sac": ("Pendulum-v1", -200.0, _off_policy_continuous_checks),
+    "td3": ("Pendulum-v1", -200.0, _off_policy_continuous_checks),
 }
 
 

@@ -22,6 +22,10 @@ SLOW_EXCEPT_PPO = {
 
 # Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
 RTOL, ATOL = 1e-5, 1e-6
+# td3.py's targets take a minimum over critics and clip the smoothing noise: where two critics are
+# nearly equal, a rounding difference can pick the other one and change a gradient step by more
+# than rounding, and later steps carry that on (a few elements of a layer, not a whole run).
+RTOL_OF = {"td3": 1e-3}
 
 
 @pytest.fixture(scope="module", params=[n for n in SMALL_TRAIN if (ROOT / "algorithms" / f"{n}.py").exists()])
@@ -29,13 +33,13 @@ def name(request):
     return request.param
 
 
-def assert_close(got, want, path=""):
-    """Float leaves agree to RTOL/ATOL; integer and bool leaves (counts, keys, flags) exactly."""
+def assert_close(got, want, path="", rtol=RTOL):
+    """Float leaves agree to rtol/ATOL; integer and bool leaves (counts, keys, flags) exactly."""
 
     def check(key, g, w):
         g, w, where = np.asarray(g), np.asarray(w), path + jax.tree_util.keystr(key)
         if g.dtype.kind == "f":
-            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=where)
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=ATOL, err_msg=where)
         else:
             np.testing.assert_array_equal(g, w, err_msg=where)
 
@@ -80,6 +84,11 @@ ALTERNATIVE = {
     "eps_end": 0.3,
     "eps_fraction": 0.9,
     "reward_scale": 1.0,
+    "alpha": 0.2,
+    "target_entropy_scale": 0.5,
+    "exploration_noise": 0.5,
+    "policy_noise": 0.5,
+    "noise_clip": 0.1,
 }
 
 
@@ -140,8 +149,9 @@ def test_every_sweep_point_equals_the_run_with_that_config(name, config, keys, s
     for index, field in enumerate(fields, start=2):
         alone = dataclasses.replace(config, lr=other_lr, **{field: ALTERNATIVE[field]})
         want_runner, want_metrics = jax.device_get(jax.jit(module.make_train(alone))(keys[0]))
-        assert_close(row(metrics, index), want_metrics, path=field)
-        assert_close(row(runner.params, index), want_runner.params, path=field)
+        rtol = RTOL_OF.get(name, RTOL)
+        assert_close(row(metrics, index), want_metrics, path=field, rtol=rtol)
+        assert_close(row(runner.params, index), want_runner.params, path=field, rtol=rtol)
 
 
 def test_chunked_run_matches_train(train, config, keys, single):
@@ -172,6 +182,8 @@ METRICS = {
     | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "action_std", "return_std"},
     "pqn": COMMON_METRICS | {"q_mean", "epsilon"},
     "dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
+    "sac": COMMON_METRICS | {"actor_loss", "q_mean", "entropy", "alpha", "gradient_steps"},
+    "td3": COMMON_METRICS | {"actor_loss", "q_mean", "gradient_steps", "actor_steps"},
 }
 
 

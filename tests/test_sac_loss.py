@@ -1,0 +1,247 @@
+"""sac.py's losses against NumPy references on hand-made batches: the soft TD target (entropy term,
+minimum over the twin target critics, bootstrapping through time-limit truncations but never
+through terminations), the tanh-squashed and rescaled log-density (closed form and a Monte-Carlo
+histogram of sampled actions), the temperature loss's sign and fixed point, and the Polyak update
+in closed form."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import load_algorithm
+
+sac = load_algorithm("sac")
+
+
+def numpy_mlp(params, x):
+    """A flax MLP of Dense_0..Dense_k in float64 NumPy: relu hidden layers, linear output."""
+    layers = params["params"]
+    x = np.asarray(x, np.float64)
+    names = sorted(layers, key=lambda name: int(name.split("_")[1]))
+    for i, name in enumerate(names):
+        x = x @ np.asarray(layers[name]["kernel"], np.float64) + np.asarray(layers[name]["bias"], np.float64)
+        if i < len(names) - 1:
+            x = np.maximum(x, 0.0)
+    return x
+
+
+def numpy_policy(config, actor, obs, noise, centre, half):
+    """(action in [-1, 1], log-density of the executed action) of the squashed Gaussian, in float64."""
+    out = numpy_mlp(actor, obs)
+    mean, raw = np.split(out, 2, axis=-1)
+    log_std = config.log_std_min + 0.5 * (config.log_std_max - config.log_std_min) * (np.tanh(raw) + 1)
+    u = mean + np.exp(log_std) * noise
+    log_normal = -0.5 * ((u - mean) / np.exp(log_std)) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    log_det = np.log(half) + np.log(1 - np.tanh(u) ** 2)
+    return np.tanh(u), (log_normal - log_det).sum(-1)
+
+
+def numpy_critics(critics, obs, action):
+    """[num_critics, batch] Q-values of the stacked critics."""
+    count = jax.tree.leaves(critics)[0].shape[0]
+    x = np.concatenate([obs, action], -1)
+    return np.stack([numpy_mlp(jax.tree.map(lambda p: p[i], critics), x)[:, 0] for i in range(count)])
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """Small networks (relu, 16 units), a Pendulum-shaped batch of 48 transitions: continuing,
+    truncated at the time limit (not terminated: final_obs is the state the limit cut off) and
+    terminated, in turn."""
+    config = sac.Config(hidden_size=16, num_layers=2)
+    networks = sac.make_networks(config, 1)
+    obs0, act0 = jnp.zeros((1, 3)), jnp.zeros((1, 1))
+    init_critics = jax.vmap(networks.critic.init, in_axes=(0, None, None))
+    params = jax.device_get(
+        {
+            "actor": networks.actor.init(jax.random.PRNGKey(0), obs0),
+            "critic": init_critics(jax.random.split(jax.random.PRNGKey(1), 2), obs0, act0),
+            "log_alpha": jnp.float32(math.log(0.3)),
+        }
+    )
+    target = jax.device_get({"critic": init_critics(jax.random.split(jax.random.PRNGKey(2), 2), obs0, act0)})
+    rng = np.random.default_rng(0)
+    n = 48
+    kind = np.arange(n) % 3  # 0 continuing, 1 truncated, 2 terminated
+    batch = sac.Transition(
+        obs=rng.normal(size=(n, 3)).astype(np.float32),
+        action=rng.uniform(-1, 1, (n, 1)).astype(np.float32),
+        reward=rng.normal(size=n).astype(np.float32),
+        terminated=kind == 2,
+        final_obs=(2 * rng.normal(size=(n, 3))).astype(np.float32),
+    )
+    noise = sac.GradientNoise(
+        bits=np.zeros(n + 1, np.uint32),
+        next_action=rng.normal(size=(n, 1)).astype(np.float32),
+        action=rng.normal(size=(n, 1)).astype(np.float32),
+    )
+    scale = sac.ActionScale(centre=jnp.zeros(1), half_range=jnp.full(1, 2.0))  # Pendulum's [-2, 2]
+    return config, networks, params, target, batch, noise, scale, kind
+
+
+def loss_and_aux(setup, hparams, batch=None):
+    config, networks, params, target, default_batch, noise, scale, _ = setup
+    loss = sac.make_sac_loss(config, networks, scale)
+    return loss(params, target["critic"], default_batch if batch is None else batch, noise, hparams)
+
+
+@pytest.mark.parametrize("fixed_alpha", [0.0, 0.2])
+def test_soft_td_target_matches_numpy(setup, fixed_alpha):
+    """y = r + gamma * (1 - terminated) * (min_i Q_target_i(s', a') - alpha * log pi(a'|s')), a' drawn
+    with the given noise; the critics regress on it with 0.5 * sum over critics of the MSE."""
+    config, _, params, target, batch, noise, _, kind = setup
+    gamma = 0.9
+    hparams = sac.hparams_from(config)._replace(gamma=jnp.float32(gamma), alpha=jnp.float32(fixed_alpha))
+    loss, aux = jax.device_get(loss_and_aux(setup, hparams))
+    alpha = fixed_alpha if fixed_alpha > 0 else 0.3  # learned: exp(log_alpha)
+    next_action, next_log_prob = numpy_policy(config, params["actor"], batch.final_obs, noise.next_action, 0.0, 2.0)
+    next_q = numpy_critics(target["critic"], batch.final_obs, next_action)
+    assert (next_q[0] != next_q[1]).all()  # the minimum picks a different critic in different rows
+    assert len({bool(b) for b in next_q[0] < next_q[1]}) == 2
+    soft_value = next_q.min(0) - alpha * next_log_prob
+    want = batch.reward + gamma * np.where(batch.terminated, 0.0, soft_value)
+    np.testing.assert_allclose(aux["target"], want, rtol=2e-5, atol=2e-5)
+    # A terminal transition's target is its reward alone; a truncated one bootstraps like a continuing one.
+    np.testing.assert_array_equal(aux["target"][kind == 2], batch.reward[kind == 2])
+    assert not np.allclose(aux["target"][kind == 1], batch.reward[kind == 1])
+    q = numpy_critics(params["critic"], batch.obs, batch.action)
+    np.testing.assert_allclose(aux["q"], q, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(aux["critic_loss"], 0.5 * ((q - want) ** 2).mean(-1).sum(), rtol=1e-4)
+
+
+def test_only_terminations_stop_the_bootstrap(setup):
+    """Moving every final_obs changes the targets of continuing and truncated transitions (they
+    bootstrap from the state the time limit cut off), never those of terminated ones."""
+    config, _, _, _, batch, _, _, kind = setup
+    hparams = sac.hparams_from(config)
+    base = jax.device_get(loss_and_aux(setup, hparams)[1]["target"])
+    moved = batch._replace(final_obs=batch.final_obs + 1.0)
+    changed = jax.device_get(loss_and_aux(setup, hparams, moved)[1]["target"])
+    np.testing.assert_array_equal(changed[kind == 2], base[kind == 2])
+    assert (changed[kind != 2] != base[kind != 2]).all()
+
+
+def reference_log_density(action, mean, log_std, low, high):
+    """log p(a) for a = centre + half * tanh(u), u ~ N(mean, exp(log_std)^2), per dimension, in
+    float64: the Gaussian density at u = atanh((a - centre) / half) over |da/du| = half * (1 - x^2)."""
+    centre, half = (high + low) / 2, (high - low) / 2
+    x = (np.asarray(action, np.float64) - centre) / half
+    u = np.arctanh(x)
+    s = np.exp(log_std)
+    return -0.5 * ((u - mean) / s) ** 2 - np.log(s) - 0.5 * math.log(2 * math.pi) - np.log(half * (1 - x**2))
+
+
+def test_squashed_log_prob_matches_the_closed_form():
+    """Two action dimensions with different bounds: the log-density of the executed action is the
+    sum over dimensions of the change of variables through tanh and the rescale."""
+    low, high = np.array([-2.0, -1.0]), np.array([2.0, 3.0])
+    scale = sac.ActionScale(centre=jnp.asarray((high + low) / 2), half_range=jnp.asarray((high - low) / 2))
+    mean = np.array([[0.4, -0.2], [-1.0, 0.8], [0.0, 0.0]], np.float32)
+    log_std = np.array([[-0.3, 0.2], [-1.5, -0.5], [0.5, -2.0]], np.float32)
+    noise = np.array([[0.5, -1.2], [2.0, 0.3], [-0.7, 1.1]], np.float32)
+    squashed, log_prob = map(np.asarray, sac.squashed_sample(mean, log_std, noise, scale))
+    u = mean.astype(np.float64) + np.exp(log_std.astype(np.float64)) * noise
+    np.testing.assert_allclose(squashed, np.tanh(u), rtol=1e-6)
+    action = (high + low) / 2 + (high - low) / 2 * np.tanh(u)
+    want = reference_log_density(action, mean, log_std, low, high).sum(-1)
+    np.testing.assert_allclose(log_prob, want, rtol=1e-5, atol=1e-5)
+
+
+def test_saturated_samples_keep_a_finite_log_prob():
+    """tanh(u) rounds to +-1 in float32 for |u| > ~9: the log-density is taken from u, never from an
+    inverted action, so it stays finite (and equals the closed form in u)."""
+    scale = sac.ActionScale(centre=jnp.zeros(1), half_range=jnp.full(1, 2.0))
+    noise = np.array([[30.0], [-30.0], [12.0]], np.float32)
+    squashed, log_prob = map(np.asarray, sac.squashed_sample(np.zeros((3, 1)), np.zeros((3, 1)), noise, scale))
+    np.testing.assert_array_equal(np.abs(squashed[:2, 0]), 1.0)
+    assert np.isfinite(log_prob).all()
+    # log(1 - tanh(u)^2) = 2 (log 2 - |u| - log(1 + exp(-2|u|))): no cancellation in float64.
+    u = noise[:, 0].astype(np.float64)
+    log_det = math.log(2.0) + 2 * (math.log(2) - np.abs(u) - np.log1p(np.exp(-2 * np.abs(u))))
+    want = -0.5 * u**2 - 0.5 * math.log(2 * math.pi) - log_det
+    np.testing.assert_allclose(log_prob, want, rtol=1e-5)
+
+
+def test_squashed_density_matches_a_histogram_of_sampled_actions():
+    """400k actions drawn through squashed_sample (bounds [-1, 3]): each histogram bin holds the
+    share of them that exp(log_prob), integrated over the bin, predicts, within sampling error."""
+    low, high, mean, log_std, bins = -1.0, 3.0, 0.3, -0.2, 40
+    centre, half = (high + low) / 2, (high - low) / 2
+    scale = sac.ActionScale(centre=jnp.full(1, centre), half_range=jnp.full(1, half))
+    n = 400_000
+    noise = jax.random.normal(jax.random.PRNGKey(0), (n, 1))
+    squashed, _ = sac.squashed_sample(jnp.full((n, 1), mean), jnp.full((n, 1), log_std), noise, scale)
+    action = np.asarray(scale(squashed))[:, 0].astype(np.float64)
+    assert action.min() > low and action.max() < high
+    counts, edges = np.histogram(action, bins=bins, range=(low, high))
+
+    def density(a):
+        """exp(log_prob) at actions `a`: squashed_sample given the noise that lands exactly there."""
+        at = ((np.arctanh((a - centre) / half) - mean) / math.exp(log_std)).astype(np.float32)[:, None]
+        ones = jnp.ones((len(a), 1))
+        return np.exp(np.asarray(sac.squashed_sample(mean * ones, log_std * ones, at, scale)[1], np.float64))
+
+    # Midpoint rule with 200 points per bin, away from the bounds where the density vanishes.
+    width = (high - low) / bins
+    points = low + (np.arange(bins * 200) + 0.5) * width / 200
+    expected = n * density(points).reshape(bins, 200).mean(-1) * width
+    np.testing.assert_allclose(expected.sum(), n, rtol=1e-3)
+    assert np.all(np.abs(counts - expected) <= 4 * np.sqrt(expected) + 1), np.round(
+        (counts - expected) / np.sqrt(expected), 1
+    )
+
+
+def test_temperature_loss_sign_and_fixed_point():
+    """d loss / d log_alpha = entropy estimate - target entropy: negative (so gradient descent raises
+    alpha) when the policy's entropy is below the target, positive above it, zero at the target."""
+    grad = jax.grad(sac.temperature_loss)
+    log_alpha = jnp.float32(0.3)
+    target_entropy = jnp.float32(-1.0)
+    low_entropy = jnp.full(64, 2.0)  # log_prob 2: entropy estimate -2 < -1
+    high_entropy = jnp.full(64, -0.5)  # entropy 0.5 > -1
+    assert float(grad(log_alpha, low_entropy, target_entropy)) == pytest.approx(-2.0 - (-1.0))
+    assert float(grad(log_alpha, high_entropy, target_entropy)) == pytest.approx(0.5 - (-1.0))
+    at_target = jnp.full(64, 1.0)  # entropy exactly -1
+    assert float(grad(log_alpha, at_target, target_entropy)) == 0.0
+    # One Adam step from the low-entropy gradient raises alpha, from the high one lowers it.
+    adam = sac.make_optimizer(sac.hparams_from(sac.Config()))
+    for log_prob, direction in ((low_entropy, 1), (high_entropy, -1)):
+        update, _ = adam.update(grad(log_alpha, log_prob, target_entropy), adam.init(log_alpha))
+        assert np.sign(float(update)) == direction
+
+
+@pytest.mark.parametrize("fixed_alpha", [0.0, 0.2])
+def test_temperature_gradient_inside_the_sac_loss(setup, fixed_alpha):
+    """Through the whole loss, log_alpha's gradient is entropy - target entropy when alpha is
+    learned (target entropy = -action_dim * target_entropy_scale) and zero when --alpha fixes it;
+    the temperature's loss never moves actor or critics."""
+    config, networks, params, target, batch, noise, scale, _ = setup
+    hparams = sac.hparams_from(config)._replace(alpha=jnp.float32(fixed_alpha), target_entropy_scale=jnp.float32(0.7))
+    loss = sac.make_sac_loss(config, networks, scale)
+    grads, aux = jax.grad(loss, has_aux=True)(params, target["critic"], batch, noise, hparams)
+    want = 0.0 if fixed_alpha > 0 else float(aux["entropy"]) - (-1 * 0.7)
+    assert float(grads["log_alpha"]) == pytest.approx(want, abs=1e-6)
+    # The actor's and critics' gradients do not depend on the target entropy.
+    other = jax.grad(loss, has_aux=True)(
+        params, target["critic"], batch, noise, hparams._replace(target_entropy_scale=jnp.float32(3.0))
+    )[0]
+    for name in ("actor", "critic"):
+        jax.tree.map(np.testing.assert_array_equal, grads[name], other[name])
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 7])
+@pytest.mark.parametrize("tau", [0.005, 0.3, 1.0])
+def test_polyak_update_closed_form(count, tau):
+    """`count` updates target <- tau * online + (1 - tau) * target, one at a time, equal the closed form."""
+    rng = np.random.default_rng(count)
+    online, target = rng.normal(size=50).astype(np.float32), rng.normal(size=50).astype(np.float32)
+    want = target.astype(np.float64)
+    for _ in range(count):
+        want = tau * online + (1 - tau) * want
+    got = sac.polyak_update(jnp.asarray(online), jnp.asarray(target), jnp.float32(tau), count)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    if tau == 1.0 and count:
+        np.testing.assert_array_equal(np.asarray(got), online)
