@@ -143,7 +143,7 @@ def _fmt(x) -> str:
 def _smooth(y: np.ndarray, window: int = 10) -> np.ndarray:
     """Moving average that skips NaN (updates in which no episode ended)."""
     valid = ~np.isnan(y)
-    kernel = np.ones(window)
+    kernel = np.ones(min(window, len(y)))  # np.convolve's "same" is as long as the longer input
     total = np.convolve(np.where(valid, y, 0.0), kernel, "same")
     count = np.convolve(valid.astype(float), kernel, "same")
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
@@ -160,16 +160,16 @@ def write_table(records: list, path: str) -> None:
     lines = [
         "# Results: every algorithm on its environments",
         "",
-        describe(rows[0]["machine"]) + ". Written by `benchmarks/bench_results.py`; each row is the algorithm's "
-        "command line in a fresh process with an empty compile cache.",
+        describe(rows[-1]["machine"]) + ". Written by `benchmarks/bench_results.py`; each row is the algorithm's "
+        "command line in a fresh process with an empty compile cache, its newest measurement (dated per row).",
         "",
         "Final return: per seed, the mean return of training episodes ending in the last 5% of updates; "
         "mean ± std over seeds. Eval: greedy policy after training, mean over seeds. Steps/s: env steps of all "
         "seeds per second of training (compile excluded).",
         "",
         "| env | algorithm | seeds | env steps per seed | final return | eval return | compile s | train s | "
-        "env steps/s | non-default flags |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "env steps/s | measured | non-default flags |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         extra = " ".join(f for f in _without(_without(r["flags"], "--env-name"), "--num-seeds"))
@@ -178,6 +178,7 @@ def write_table(records: list, path: str) -> None:
             f"| {r['env_name']} | {label} | {r['num_seeds']} | {r['total_timesteps']:,} | "
             f"{_fmt(r['final_return_mean'])} ± {_fmt(r['final_return_std'])} | {_fmt(r['eval_return_mean'])} | "
             f"{r['compile_seconds']:.1f} | {r['train_seconds']:.1f} | {r['steps_per_second']:,.0f} | "
+            f"{r['machine']['date']} | "
             f"{'`' + extra + '`' if extra else ''} |"
         )
     write_markdown(path, lines)
