@@ -110,14 +110,20 @@ def algorithm_of(item) -> str | None:
 
 
 def pytest_collection_modifyitems(items):
-    """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py.
+    """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py, its
+    PPO_ONLY tests of the harness alone that run for ppo.py only (CI's time budget).
     Under pytest-xdist (`--dist loadgroup`, pytest.ini) the tests of one algorithm run in one
     worker, so each small program is compiled once (the _SHARED cache is per process)."""
     for item in items:
         slow_except_ppo = getattr(item.module, "SLOW_EXCEPT_PPO", ())
+        ppo_only = getattr(item.module, "PPO_ONLY", ())
         algorithm = algorithm_of(item)
         if item.originalname in slow_except_ppo and algorithm != "ppo":
             item.add_marker(pytest.mark.slow)
+        if item.originalname in ppo_only and algorithm != "ppo":
+            item.add_marker(
+                pytest.mark.skip(reason="the harness's behaviour, the same text in every file: tested on ppo.py")
+            )
         if algorithm is not None:
             # The command-line tests share subprocess runs, not in-process programs: a group of their own.
             prefix = "cli-" if item.module.__name__ == "test_cli" else ""

@@ -49,14 +49,15 @@ class Algorithm:
 SMALL_SEEDS = 2
 # Every file shares the run harness (tests/test_harness.py), so these command-line tests run on
 # ppo.py in the fast loop and on the other files only with the slow tests (conftest reads this);
-# the fast loop still runs every file's command line once (the copied script) and checks its run
-# directory.
+# the fast loop still runs every file's --help and bad-input cases from the command line.
 SLOW_EXCEPT_PPO = {
     "test_small_run_writes_a_complete_run_directory",
     "test_second_run_gets_a_new_directory",
     "test_diverging_run_exits_3_and_still_writes_results",
     "test_copied_script_runs_on_its_own",
 }
+# What only the harness does (a second run's directory, a sweep's files), identical in every file.
+PPO_ONLY = {"test_second_run_gets_a_new_directory", "test_sweep_has_a_leading_sweep_axis"}
 ALGORITHMS = {
     "ppo": Algorithm(
         small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
