@@ -24,11 +24,10 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from common import ROOT, algorithm_path, describe, machine, write_markdown
+from common import ROOT, algorithm_path, describe, machine, run_result, write_markdown
 
 PEER_DRIVER = os.path.join(ROOT, "benchmarks", "peers", "rejax_driver.py")
 PENDULUM_HALF_RANGE = 2.0  # Pendulum-v1's actions are in [-2, 2]; rejax's noise scales are in those units
@@ -153,20 +152,6 @@ def worker(algorithm: str, seeds: int) -> None:
     )
 
 
-def run_result(cmd: list, timeout: int = 1800) -> dict | None:
-    """Runs a driver in a fresh process and returns its `RESULT {json}` line, or None."""
-    try:
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        print(f"  timed out after {timeout} s: {' '.join(cmd)}", flush=True)
-        return None
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    print(f"  no result (exit {out.returncode}): {' '.join(cmd)}\n{out.stderr[-2000:]}", flush=True)
-    return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rejax", metavar="PATH", help="root of a rejax checkout (tag v0.1.3), for its configs/")
@@ -204,7 +189,7 @@ def main() -> None:
                     jobs.reverse()
                 for name, cmd in jobs:
                     load_before = os.getloadavg()[0]
-                    result = run_result(cmd)
+                    result = run_result(cmd, timeout=1800)
                     if not result:
                         continue
                     result = {

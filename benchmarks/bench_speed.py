@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, describe, load_algorithm, machine, run_cli, write_markdown
+from common import ROOT, describe, load_algorithm, machine, run_cli, run_result, write_markdown
 
 PEER_DRIVER = os.path.join(ROOT, "benchmarks", "peers", "purejaxrl_driver.py")
 # PureJAXRL's CartPole configs (the dicts at the bottom of its ppo.py and dqn.py), in our field names.
@@ -121,20 +121,6 @@ def worker(algorithm: str, seeds: int, preset: str) -> None:
         ),
         flush=True,
     )
-
-
-def run_result(cmd: list, env: dict | None = None, timeout: int = 900) -> dict | None:
-    """Runs a driver in a fresh process and returns its `RESULT {json}` line, or None."""
-    try:
-        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        print(f"  timed out after {timeout} s: {' '.join(cmd)}", flush=True)
-        return None
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    print(f"  no result (exit {out.returncode}): {' '.join(cmd)}\n{out.stderr[-2000:]}", flush=True)
-    return None
 
 
 def preset_flags(algorithm: str, seeds: int) -> list:

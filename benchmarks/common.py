@@ -106,3 +106,17 @@ def write_markdown(path: str, lines: list) -> None:
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {path}", flush=True)
+
+
+def run_result(cmd: list, env: dict | None = None, timeout: int = 900) -> dict | None:
+    """Runs a driver in a fresh process and returns its `RESULT {json}` line, or None."""
+    try:
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  timed out after {timeout} s: {' '.join(cmd)}", flush=True)
+        return None
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    print(f"  no result (exit {out.returncode}): {' '.join(cmd)}\n{out.stderr[-2000:]}", flush=True)
+    return None

@@ -130,6 +130,18 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group(prefix + algorithm))
 
 
+def numpy_mlp(params, x):
+    """A flax MLP of Dense_0..Dense_k in float64 NumPy: relu hidden layers, linear output."""
+    layers = params["params"]
+    x = np.asarray(x, np.float64)
+    names = sorted(layers, key=lambda name: int(name.split("_")[1]))
+    for i, name in enumerate(names):
+        x = x @ np.asarray(layers[name]["kernel"], np.float64) + np.asarray(layers[name]["bias"], np.float64)
+        if i < len(names) - 1:
+            x = np.maximum(x, 0.0)
+    return x
+
+
 def load_algorithm(name: str):
     """algorithms/<name>.py as a module, loaded once per session."""
     return _load(name, ROOT / "algorithms" / f"{name}.py")

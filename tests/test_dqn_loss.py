@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import load_algorithm
+from conftest import load_algorithm, numpy_mlp
 
 
 @pytest.fixture(scope="module")
@@ -15,16 +15,7 @@ def dqn():
     return load_algorithm("dqn")
 
 
-def numpy_q(params, obs):
-    """The Q-network's forward pass in float64 NumPy: relu hidden layers, linear output."""
-    layers = params["params"]
-    x = np.asarray(obs, np.float64)
-    names = sorted(layers, key=lambda name: int(name.split("_")[1]))
-    for i, name in enumerate(names):
-        x = x @ np.asarray(layers[name]["kernel"], np.float64) + np.asarray(layers[name]["bias"], np.float64)
-        if i < len(names) - 1:
-            x = np.maximum(x, 0.0)
-    return x
+numpy_q = numpy_mlp  # the Q-network's forward pass in float64 NumPy
 
 
 def reference_targets(online, target, batch, gamma, double):

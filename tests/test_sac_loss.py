@@ -11,21 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import load_algorithm
+from conftest import load_algorithm, numpy_mlp
 
 sac = load_algorithm("sac")
-
-
-def numpy_mlp(params, x):
-    """A flax MLP of Dense_0..Dense_k in float64 NumPy: relu hidden layers, linear output."""
-    layers = params["params"]
-    x = np.asarray(x, np.float64)
-    names = sorted(layers, key=lambda name: int(name.split("_")[1]))
-    for i, name in enumerate(names):
-        x = x @ np.asarray(layers[name]["kernel"], np.float64) + np.asarray(layers[name]["bias"], np.float64)
-        if i < len(names) - 1:
-            x = np.maximum(x, 0.0)
-    return x
 
 
 def numpy_policy(config, actor, obs, noise, centre, half):

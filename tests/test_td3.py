@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import load_algorithm
+from conftest import load_algorithm, numpy_mlp
 
 td3 = load_algorithm("td3")
 
@@ -20,18 +20,6 @@ td3 = load_algorithm("td3")
 def name():
     """The algorithm whose small config conftest's config/train/single/batched fixtures build."""
     return "td3"
-
-
-def numpy_mlp(params, x):
-    """A flax MLP of Dense_0..Dense_k in float64 NumPy: relu hidden layers, linear output."""
-    layers = params["params"]
-    x = np.asarray(x, np.float64)
-    names = sorted(layers, key=lambda name: int(name.split("_")[1]))
-    for i, name in enumerate(names):
-        x = x @ np.asarray(layers[name]["kernel"], np.float64) + np.asarray(layers[name]["bias"], np.float64)
-        if i < len(names) - 1:
-            x = np.maximum(x, 0.0)
-    return x
 
 
 def numpy_critics(critics, obs, action):
