@@ -142,6 +142,20 @@ def numpy_mlp(params, x):
     return x
 
 
+def run_main(module, argv, capsys):
+    """An algorithm file's command line in this process: (exit code, stdout, stderr)."""
+    code = module.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_dir_of(out: str) -> pathlib.Path:
+    """The run directory named by the `results: DIR` last line of the command line's stdout."""
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("results: "), out
+    return pathlib.Path(last[len("results: ") :])
+
+
 def load_algorithm(name: str):
     """algorithms/<name>.py as a module, loaded once per session."""
     return _load(name, ROOT / "algorithms" / f"{name}.py")

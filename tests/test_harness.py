@@ -10,14 +10,14 @@ into every other file.
 import difflib
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_algorithm
+from conftest import ROOT, load_algorithm, run_main
+from conftest import run_dir_of as results_dir
 
 ALGORITHM_FILES = sorted((ROOT / "algorithms").glob("*.py"))
 BANNER = "# " + "=" * 86 + "\n# Run harness:"
@@ -130,18 +130,6 @@ print(os.environ["XLA_FLAGS"] == flags, len(caught), caught[0].message if caught
 # The run directory
 # --------------------------------------------------------------------------------------
 SMALL = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", "2", "--quiet"]
-
-
-def run_main(ppo, argv, capsys):
-    code = ppo.main([*argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def results_dir(out: str) -> pathlib.Path:
-    last = out.strip().splitlines()[-1]
-    assert last.startswith("results: "), out
-    return pathlib.Path(last[len("results: ") :])
 
 
 @pytest.mark.parametrize("case", ["cannot-be-created", "under-a-file"])

@@ -17,7 +17,8 @@ import pytest
 from flax import serialization
 from test_cli import ALGORITHMS, _leaves
 
-from conftest import ROOT, load_algorithm
+from conftest import ROOT, load_algorithm, run_main
+from conftest import run_dir_of as results_dir
 
 # Every file's resume test compiles its own programs: ppo.py's runs in the fast loop, the others
 # with the slow tests (conftest reads this).
@@ -27,18 +28,6 @@ SLOW_EXCEPT_PPO = {"test_stopped_and_resumed_run_equals_the_run_that_never_stopp
 @pytest.fixture(scope="module", params=[n for n in ALGORITHMS if (ROOT / "algorithms" / f"{n}.py").exists()])
 def name(request):
     return request.param
-
-
-def run_main(module, argv, capsys):
-    code = module.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def results_dir(out: str) -> pathlib.Path:
-    last = out.strip().splitlines()[-1]
-    assert last.startswith("results: "), out
-    return pathlib.Path(last[len("results: ") :])
 
 
 def load(run_dir: pathlib.Path):

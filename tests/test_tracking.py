@@ -12,18 +12,17 @@ import numpy as np
 import pytest
 from test_cli import ALGORITHMS
 
-from conftest import load_algorithm
+from conftest import load_algorithm, run_dir_of
+from conftest import run_main as main_in_process
 
 SMALL = [*ALGORITHMS["ppo"].small, "--quiet"]  # 2 seeds, 16 updates
 
 
 def run_main(argv, capsys):
-    ppo = load_algorithm("ppo")
-    code = ppo.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
+    """ppo.py's command line in this process, which must succeed: (run directory, stdout)."""
+    code, out, err = main_in_process(load_algorithm("ppo"), argv, capsys)
     assert code == 0, err
-    last = out.strip().splitlines()[-1]
-    return pathlib.Path(last[len("results: ") :]), out
+    return run_dir_of(out), out
 
 
 def metrics_of(run_dir):
