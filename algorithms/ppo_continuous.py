@@ -25,7 +25,9 @@ it defines things and does nothing else.
 """
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import importlib.util
 import io
 import itertools
@@ -33,6 +35,7 @@ import json
 import math
 import os
 import pkgutil
+import re
 import signal
 import sys
 import threading
@@ -68,7 +71,7 @@ def _option(default: Any, doc: str) -> Any:
 # and more evenly across seeds than ppo.py's 32-step rollouts (benchmarks/README.md).
 @dataclasses.dataclass(frozen=True)
 class Config:
-    env_name: str = _option("Pendulum-v1", "gymnax environment id (continuous Box action space)")
+    env_name: str = _option("Pendulum-v1", "gymnax id or brax/NAME[:BACKEND] (continuous Box actions; see below)")
     total_timesteps: int = _option(160_000, "environment steps per run (all envs together)")
     num_envs: int = _option(8, "parallel environments per run")
     num_steps: int = _option(200, "steps per environment in each rollout")
@@ -210,17 +213,23 @@ def _flag(name: str) -> str:
 # Environment
 # --------------------------------------------------------------------------------------
 def make_env(env_name: str):
-    """gymnax.make with errors a user can act on; only continuous (Box) action spaces."""
+    """gymnax.make, or a suite's env for SUITE/NAME (make_suite_env, in the harness), with errors a
+    user can act on; only continuous (Box) action spaces."""
     import gymnax
 
-    if env_name not in gymnax.registered_envs:
+    if "/" in env_name:
+        env, env_params = make_suite_env(env_name, "continuous")
+    elif env_name not in gymnax.registered_envs:
         raise ConfigError(
-            f"--env-name {env_name!r} is not a gymnax environment; choose one of: " + ", ".join(gymnax.registered_envs)
+            f"--env-name {env_name!r} is not a gymnax environment or SUITE/NAME; choose one of: "
+            + ", ".join(gymnax.registered_envs)
+            + f"; or {suite_help()}"
         )
-    try:
-        env, env_params = gymnax.make(env_name)
-    except Exception as error:  # e.g. MNISTBandit downloads its data set
-        raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
+    else:
+        try:
+            env, env_params = gymnax.make(env_name)
+        except Exception as error:  # e.g. MNISTBandit downloads its data set
+            raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
     if not isinstance(env.action_space(env_params), gymnax.environments.spaces.Box):
         raise ConfigError(
             f"--env-name {env_name} has a discrete action space; {ALGORITHM}.py needs a continuous (Box) one"
@@ -271,6 +280,9 @@ class VecEnv:
         )
         self.max_episode_steps = int(self.params.max_steps_in_episode)
         self.stock_step = type(self.env).step is Environment.step
+        # Fresh episodes drawn per step: one per env, or one per `envs_per_reset` envs for a suite
+        # whose reset costs more than a step (make_suite_env).
+        self.num_resets = -(-num_envs // getattr(self.env, "envs_per_reset", 1))
 
     def _flat(self, obs: jax.Array) -> jax.Array:
         batch_shape = obs.shape[: obs.ndim - len(self.obs_shape)]
@@ -286,7 +298,7 @@ class VecEnv:
         if not self.stock_step:
             return StepNoise(key=step_keys, reset_obs=None, reset_state=None)
         reset_env = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
-        reset_obs, reset_state = reset_env(reset_keys, self.params)
+        reset_obs, reset_state = reset_env(reset_keys[:, : self.num_resets], self.params)
         return StepNoise(key=step_keys, reset_obs=self._flat(reset_obs), reset_state=reset_state)
 
     def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
@@ -309,10 +321,14 @@ class VecEnv:
         truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(state, self.params)
         done = terminated | truncated
         final_obs = self._flat(obs)
+        reset_obs, reset_state = noise.reset_obs, noise.reset_state
+        if self.num_resets < self.num_envs:  # the k-th env to finish at this step takes fresh episode k
+            slot = (jnp.cumsum(done) - 1) % self.num_resets
+            reset_obs, reset_state = jax.tree.map(lambda x: x[slot], (reset_obs, reset_state))
         select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
         return EnvStep(
-            obs=select(done, noise.reset_obs, final_obs),
-            state=select(done, noise.reset_state, state),
+            obs=select(done, reset_obs, final_obs),
+            state=select(done, reset_state, state),
             reward=reward.astype(jnp.float32),
             terminated=terminated,
             truncated=truncated,
@@ -850,8 +866,8 @@ def make_greedy_policy(config: Config, env: VecEnv) -> GreedyPolicy:
 
 
 # ======================================================================================
-# Run harness: evaluation episodes, the command line, the run directory, checkpoints and
-# resume, sharding, progress, tracking and plots.
+# Run harness: environment suites beyond gymnax, evaluation episodes, the command line, the
+# run directory, checkpoints and resume, sharding, progress, tracking and plots.
 #
 # Everything below this banner is the same, byte for byte, in every file of algorithms/
 # (tests/test_harness.py checks it; edit ppo.py's and run `python tests/test_harness.py` to
@@ -861,7 +877,200 @@ def make_greedy_policy(config: Config, env: VecEnv) -> GreedyPolicy:
 # validate_hparams, check_resources, make_env, VecEnv, make_train (train.init, train.run),
 # saved_params, make_greedy_policy and GreedyPolicy; a Runner field named `buffer`, if any, is
 # the replay buffer; and the metrics env_steps, episode_return, episodes_finished and finite.
+# The algorithm's make_env reaches make_suite_env and suite_help here for SUITE/NAME.
 # ======================================================================================
+# --------------------------------------------------------------------------------------
+# Environment suites beyond gymnax: --env-name SUITE/NAME
+# --------------------------------------------------------------------------------------
+# Each suite's raw environment (none of its own episode or auto-reset wrappers) becomes a gymnax
+# Environment: `step_env` reports only the suite's natural termination, the episode's time limit
+# is gymnax's `is_truncated` against `max_steps_in_episode`, and VecEnv keeps the true final
+# observation. So rollouts, targets and evaluation treat it exactly as a gymnax env, and
+# bootstrap through time limits. A suite is imported only when its prefix is used.
+class Suite(NamedTuple):
+    module: str
+    install: str  # the pip line of the version tested here
+    actions: str  # "discrete" or "continuous"
+    names: str  # where its environment names are listed
+
+
+SUITES = {
+    "brax": Suite("brax", "pip install brax==0.14.2", "continuous", "ant, halfcheetah, hopper, ... in brax.envs"),
+    "craftax": Suite("craftax", "pip install craftax==1.6.1", "discrete", "Craftax-Classic-Symbolic-v1, ..."),
+    "xminigrid": Suite("xminigrid", "pip install xminigrid==0.9.3", "discrete", "MiniGrid-DoorKey-5x5, ..."),
+}
+
+
+def suite_help() -> str:
+    return "; ".join(f"{prefix}/NAME ({suite.actions}: {suite.names})" for prefix, suite in SUITES.items())
+
+
+@functools.cache
+def make_suite_env(env_name: str, actions: str):
+    """(env, params) for `SUITE/NAME`: the suite's env as a gymnax Environment, or a ConfigError
+    saying what is wrong (unknown suite or name, not the `actions` the algorithm needs, or the pip
+    line when the suite is not installed), all before the suite is imported if they can be."""
+    prefix, _, name = env_name.partition("/")
+    if prefix not in SUITES:
+        raise ConfigError(f"--env-name {env_name}: unknown suite {prefix!r}; the suites are {suite_help()}")
+    suite = SUITES[prefix]
+    if suite.actions != actions:
+        raise ConfigError(
+            f"--env-name {env_name}: {prefix} has {suite.actions} actions; {ALGORITHM}.py needs {actions} ones"
+        )
+    if importlib.util.find_spec(suite.module) is None:
+        raise ConfigError(f"--env-name {env_name} needs the {suite.module} package: {suite.install}")
+    env = {"brax": brax_env, "craftax": craftax_env, "xminigrid": xminigrid_env}[prefix](env_name, name)
+    return env, env.default_params
+
+
+def suite_env(name: str, start: Callable, transition: Callable, spaces: tuple, max_steps: int, envs_per_reset: int):
+    """A gymnax Environment around a suite's raw env, given as `start(key) -> (obs, inner)` and
+    `transition(key, inner, action) -> (obs, inner, reward, terminated)`; `spaces` are the
+    (action, observation) gymnax spaces. VecEnv draws one fresh episode per `envs_per_reset` envs
+    per step for suites whose reset costs more than a step."""
+    from flax import struct
+    from gymnax.environments import environment
+
+    @struct.dataclass
+    class SuiteState:
+        inner: Any  # the suite's own state
+        time: jax.Array  # steps taken in this episode
+        terminated: jax.Array  # the step that led here ended the episode naturally
+
+    class SuiteEnv(environment.Environment):
+        @property
+        def default_params(self):
+            return environment.EnvParams(max_steps_in_episode=max_steps)
+
+        def step_env(self, key, state, action, params):
+            obs, inner, reward, terminated = transition(key, state.inner, action)
+            terminated = jnp.asarray(terminated, bool)
+            state = SuiteState(inner=inner, time=state.time + 1, terminated=terminated)
+            return obs, state, jnp.asarray(reward, jnp.float32), terminated, {}
+
+        def reset_env(self, key, params):
+            obs, inner = start(key)
+            return obs, SuiteState(inner=inner, time=jnp.int32(0), terminated=jnp.bool_(False))
+
+        def is_truncated(self, state, params):  # the time limit, never on a natural termination
+            return (state.time >= params.max_steps_in_episode) & ~state.terminated
+
+        def is_terminated(self, state, params):
+            return state.terminated
+
+        @property
+        def name(self) -> str:
+            return name
+
+        @property
+        def num_actions(self) -> int:
+            return int(spaces[0].n) if hasattr(spaces[0], "n") else int(np.prod(spaces[0].shape))
+
+        def action_space(self, params=None):
+            return spaces[0]
+
+        def observation_space(self, params=None):
+            return spaces[1]
+
+    env = SuiteEnv()
+    env.envs_per_reset = envs_per_reset
+    return env
+
+
+def brax_env(env_name: str, name: str):
+    """`brax/NAME` or `brax/NAME:BACKEND` (generalized, positional, spring or mjx; brax's default
+    otherwise): actions in [-1, 1], episodes truncated at 1000 steps as in Brax's training."""
+    from gymnax.environments import spaces
+
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():  # MJX's and Brax's notices
+        warnings.simplefilter("ignore")
+        from brax import envs
+
+        base, _, backend = name.partition(":")
+        if base not in envs._envs:  # brax lists its envs in no public name
+            raise ConfigError(f"--env-name {env_name}: brax has no {base!r}; it has {', '.join(sorted(envs._envs))}")
+        try:
+            env = envs.get_environment(base, **({"backend": backend} if backend else {}))
+        except Exception as error:
+            raise ConfigError(f"--env-name {env_name}: brax could not create it ({error})") from None
+
+    def start(key):
+        state = env.reset(key)
+        return state.obs, state
+
+    def transition(key, state, action):
+        state = env.step(state, action)
+        return state.obs, state, state.reward, state.done > 0.5
+
+    action_space = spaces.Box(-1.0, 1.0, (env.action_size,), jnp.float32)
+    observation_space = spaces.Box(-jnp.inf, jnp.inf, (env.observation_size,), jnp.float32)
+    # A reset (the pipeline's initial state) costs a few steps: fresh episodes are drawn for
+    # one env in 32 per step, each finishing env taking a different one while they last.
+    return suite_env(env_name, start, transition, (action_space, observation_space), 1000, envs_per_reset=32)
+
+
+def craftax_env(env_name: str, name: str):
+    """`craftax/NAME`: Craftax's env without auto-reset. Its own time limit is part of its game-over
+    test (a termination, discount 0); here it is gymnax's truncation instead."""
+    from craftax.craftax_env import make_craftax_env_from_name
+    from gymnax.environments import spaces as gymnax_spaces
+
+    try:
+        env = make_craftax_env_from_name(name, auto_reset=False)
+    except ValueError:
+        raise ConfigError(
+            f"--env-name {env_name}: craftax has no {name!r}; it has Craftax-Symbolic-v1, Craftax-Pixels-v1, "
+            "Craftax-Classic-Symbolic-v1 and Craftax-Classic-Pixels-v1"
+        ) from None
+    params = env.default_params
+    unlimited = params.replace(max_timesteps=2**30)  # the limit is gymnax's truncation, not a game over
+
+    def start(key):
+        return env.reset_env(key, params)
+
+    def transition(key, state, action):
+        obs, state, reward, game_over, _ = env.step_env(key, state, action, unlimited)
+        return obs, state, reward, game_over
+
+    observation = env.observation_space(params)  # Craftax's own space classes: the same as gymnax spaces
+    spaces = (
+        gymnax_spaces.Discrete(env.num_actions),
+        gymnax_spaces.Box(observation.low, observation.high, observation.shape, observation.dtype),
+    )
+    # Generating a world costs about a fifth of stepping 256 envs: one fresh world per 256 envs
+    # per step (Craftax's own optimistic reset idea), each finishing env taking a different one.
+    return suite_env(env_name, start, transition, spaces, int(params.max_timesteps), envs_per_reset=256)
+
+
+def xminigrid_env(env_name: str, name: str):
+    """`xminigrid/MiniGrid-*`: XLand-MiniGrid's env without auto-reset. Its last step has discount 0
+    when the goal is reached (a termination) and 1 at its step limit (a truncation, here gymnax's)."""
+    import xminigrid
+    from gymnax.environments import spaces
+
+    if name not in xminigrid.registered_environments() or name.startswith("XLand-"):
+        minigrid = [n for n in xminigrid.registered_environments() if n.startswith("MiniGrid-")]
+        raise ConfigError(
+            f"--env-name {env_name}: choose one of {', '.join(minigrid)} (XLand-* tasks need a ruleset from "
+            "a downloaded benchmark, which this adapter does not load)"
+        )
+    env, params = xminigrid.make(name)
+
+    def start(key):
+        timestep = env.reset(params, key)
+        return timestep.observation, timestep
+
+    def transition(key, timestep, action):
+        timestep = env.step(params, timestep, action)
+        return timestep.observation, timestep, timestep.reward, timestep.discount == 0
+
+    action_space = spaces.Discrete(env.num_actions(params))
+    observation_space = spaces.Box(0, 255, env.observation_shape(params), jnp.uint8)
+    # A reset (a new random layout) costs about two steps: one fresh episode per 32 envs per step.
+    return suite_env(env_name, start, transition, (action_space, observation_space), params.max_steps, 32)
+
+
 def configure_xla() -> None:
     """Sets, for this process, the XLA flags the command line trains with; a flag already in
     XLA_FLAGS is left as it is. XLA reads XLA_FLAGS once, when JAX starts its backend, so call
@@ -1078,6 +1287,8 @@ def build_parser(defaults: bool = True) -> _Parser:
         prog=program_name(),
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=f"--env-name takes any id in gymnax.registered_envs, or {suite_help()}; a suite is installed "
+        "by its pip line (all three: pip install -r requirements-envs.txt).",
     )
     for field in dataclasses.fields(Config):
         flag = "--" + _flag(field.name)
@@ -1799,7 +2010,8 @@ def new_run_dir(runs_dir: str, config: Config) -> str:
     """A directory no earlier run has used: created atomically, never reused."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in itertools.count():
-        path = os.path.join(runs_dir, f"{ALGORITHM}-{config.env_name}-{stamp}" + (f"-{attempt}" if attempt else ""))
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", config.env_name)  # SUITE/NAME[:BACKEND] as one folder name
+        path = os.path.join(runs_dir, f"{ALGORITHM}-{name}-{stamp}" + (f"-{attempt}" if attempt else ""))
         try:
             os.makedirs(path)
             return path
