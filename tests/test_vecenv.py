@@ -101,3 +101,30 @@ def check_auto_reset(venv, obs_in, state_in, steps, noise, actions):
     np.testing.assert_array_equal(flat(steps.reward), reward)
     np.testing.assert_array_equal(flat(steps.terminated), terminated)
     np.testing.assert_array_equal(flat(steps.truncated), truncated)
+
+
+def test_vecenv_reset_pool_gives_each_finishing_env_a_different_fresh_episode(ppo):
+    """A suite whose reset costs more than a step (Craftax, Brax, XLand-MiniGrid) draws fewer fresh
+    episodes per step than it has envs: the k-th env to finish at a step takes fresh episode k,
+    distinct ones while they last, then round again."""
+    num_envs, num_steps, limit = 6, 4, 2
+    venv = ppo.VecEnv("CartPole-v1", num_envs)
+    venv.num_resets = 2  # as `envs_per_reset = 3` on the env would give
+    venv.params = venv.params.replace(max_steps_in_episode=limit)
+    actions = jnp.broadcast_to((jnp.arange(num_steps) % 2)[:, None], (num_steps, num_envs))
+    obs_in, state_in, steps, noise = rollout(venv, jax.random.PRNGKey(4), actions, num_steps)
+    assert noise.reset_obs.shape == (num_steps, 2, venv.obs_dim)
+    done = steps.terminated | steps.truncated
+    assert done[1].all() and done[3].all() and not done[0].any()  # every env at the limit together
+    for t in np.flatnonzero(done.any(axis=1)):
+        slots = (np.cumsum(done[t]) - 1) % 2
+        for n in np.flatnonzero(done[t]):
+            np.testing.assert_array_equal(steps.obs[t, n], noise.reset_obs[t, slots[n]])
+    # The first two envs to finish start different episodes; the third repeats the first's.
+    assert not np.array_equal(steps.obs[1, 0], steps.obs[1, 1])
+    np.testing.assert_array_equal(steps.obs[1, 2], steps.obs[1, 0])
+
+
+def test_suite_envs_declare_their_reset_pool(ppo):
+    """Without `envs_per_reset`, every env gets its own fresh episode (gymnax's envs)."""
+    assert ppo.VecEnv("CartPole-v1", 16).num_resets == 16

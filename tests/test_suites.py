@@ -1,0 +1,305 @@
+"""Environment suites beyond gymnax (--env-name SUITE/NAME): each suite's raw env, wrapped by the
+harness as a gymnax Environment and stepped by VecEnv, against the suite itself on hand-made
+episodes. Rewards are the suite's; `terminated` is exactly the suite's natural termination;
+`truncated` is exactly the time limit and never a natural termination; the final observation is
+the suite's last observation of the episode; the next observation starts a fresh episode.
+
+A suite that is not installed skips its tests (requirements-envs.txt installs all three).
+"""
+
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_cli import ALGORITHMS, assert_ok, check_run_directory, results_dir
+
+from conftest import ROOT, load_algorithm, run_main
+
+
+def drive(vec, actions, key, first_state=None):
+    """One env (vec.num_envs == 1) through `actions` with VecEnv's auto-reset: per step the EnvStep,
+    the env state after it, and the step keys and fresh episodes VecEnv drew."""
+    obs, state = vec.reset(key)
+    if first_state is not None:
+        state = first_state(state)
+    noise = vec.presample(jax.random.fold_in(key, 1), len(actions))
+
+    def step(state, inputs):
+        step_noise, action = inputs
+        result = vec.step(step_noise, state, action[None])
+        return result.state, (result, state)
+
+    _, (steps, before) = jax.lax.scan(step, state, (noise, jnp.asarray(actions)))
+    return obs, steps, before, noise
+
+
+def check_episode(steps, before, noise, vec, raw, end: int, how: str) -> None:
+    """Up to step `end` (1-based) the wrapper equals `raw`, the suite's own per-step (obs, reward,
+    terminated) from the same start; the episode ends at `end` by `how`; then a fresh one starts."""
+    raw_obs, raw_reward, raw_terminated = raw
+    np.testing.assert_array_equal(steps.reward[:end, 0], np.asarray(raw_reward[:end], np.float32))
+    np.testing.assert_array_equal(steps.terminated[:end, 0], np.asarray(raw_terminated[:end]))
+    expected_truncated = np.zeros(end, bool)
+    expected_truncated[end - 1] = how == "truncated"
+    np.testing.assert_array_equal(steps.truncated[:end, 0], expected_truncated)
+    assert not (steps.terminated & steps.truncated).any(), "truncated together with a termination"
+    assert bool(steps.terminated[end - 1, 0]) == (how == "terminated")
+    # Observations as the suite computes them, up to rounding (the wrapper's are computed in vmapped
+    # code, e.g. Craftax's daylight): the true last observation, before the reset.
+    flat = np.asarray(raw_obs[:end], np.float32).reshape(end, -1)
+    np.testing.assert_allclose(steps.final_obs[:end, 0], flat, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(steps.obs[: end - 1, 0], flat[: end - 1], rtol=1e-5, atol=1e-6)
+    # The step after the end begins a fresh episode: the first of the step's fresh episodes, at time 0.
+    np.testing.assert_array_equal(steps.obs[end - 1, 0], noise.reset_obs[end - 1, 0])
+    assert not np.array_equal(steps.obs[end - 1, 0], steps.final_obs[end - 1, 0])
+    assert int(steps.state.time[end - 1, 0]) == 0
+    np.testing.assert_array_equal(np.diff(before.time[:end, 0]), 1)  # one time step per step until then
+
+
+def with_limit(vec, limit: int):
+    vec.params = vec.params.replace(max_steps_in_episode=limit)
+    return vec
+
+
+# --------------------------------------------------------------------------------------
+# XLand-MiniGrid
+# --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def xminigrid_run():
+    pytest.importorskip("xminigrid")
+    module = load_algorithm("ppo")
+
+    def run(actions, limit=None):
+        vec = module.VecEnv("xminigrid/MiniGrid-Empty-5x5", 1)
+        if limit is not None:
+            with_limit(vec, limit)
+        key = jax.random.PRNGKey(3)
+        obs, steps, before, noise = jax.device_get(jax.jit(lambda k: drive(vec, actions, k))(key))
+        # The suite itself from the same start, without any wrapper.
+        raw_env, params = __import__("xminigrid").make("MiniGrid-Empty-5x5")
+        timestep = raw_env.reset(params, jax.random.split(key, 1)[0])
+        np.testing.assert_array_equal(obs[0], np.asarray(timestep.observation, np.float32).reshape(-1))
+        step = jax.jit(lambda timestep, action: raw_env.step(params, timestep, action))
+        raw = ([], [], [])
+        for action in actions:
+            timestep = step(timestep, action)
+            for column, value in zip(raw, (timestep.observation, timestep.reward, timestep.discount == 0), strict=True):
+                column.append(np.asarray(value))
+        return steps, before, noise, vec, raw
+
+    return run
+
+
+def test_xminigrid_goal_is_a_termination(xminigrid_run):
+    actions = [0, 0, 1, 0, 0, 2, 2]  # forward twice, turn right, forward twice: the goal at the 5th step
+    steps, before, noise, vec, raw = xminigrid_run(actions)
+    assert raw[1][4] > 0 and raw[2][4]  # the suite: reward and a termination at step 5
+    check_episode(steps, before, noise, vec, raw, end=5, how="terminated")
+
+
+def test_xminigrid_step_limit_is_a_truncation(xminigrid_run):
+    """The suite's own limit (100 steps: a last step with discount 1) becomes gymnax's truncation."""
+    steps, before, noise, vec, raw = xminigrid_run([1] + [2] * 100)  # turning on the spot
+    assert vec.max_episode_steps == 100
+    check_episode(steps, before, noise, vec, raw, end=100, how="truncated")
+
+
+def test_xminigrid_limit_at_the_goal_step_is_a_termination_only(xminigrid_run):
+    steps, before, noise, vec, raw = xminigrid_run([0, 0, 1, 0, 0, 2], limit=5)
+    check_episode(steps, before, noise, vec, raw, end=5, how="terminated")
+
+
+# --------------------------------------------------------------------------------------
+# Brax
+# --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def brax_run():
+    pytest.importorskip("brax")
+    module = load_algorithm("ppo_continuous")
+
+    def run(actions, limit=None):
+        vec = module.VecEnv("brax/inverted_pendulum", 1)
+        if limit is not None:
+            with_limit(vec, limit)
+        key = jax.random.PRNGKey(5)
+        actions = np.asarray(actions, np.float32)[:, None]
+        obs, steps, before, noise = jax.device_get(jax.jit(lambda k: drive(vec, actions, k))(key))
+        from brax import envs
+
+        raw_env = envs.get_environment("inverted_pendulum")
+        state = jax.jit(raw_env.reset)(jax.random.split(key, 1)[0])
+        np.testing.assert_array_equal(obs[0], state.obs)
+        step = jax.jit(raw_env.step)
+        raw = ([], [], [])
+        for action in actions:
+            state = step(state, action)
+            for column, value in zip(raw, (state.obs, state.reward, state.done > 0.5), strict=True):
+                column.append(np.asarray(value))
+        return steps, before, noise, vec, raw
+
+    return run
+
+
+@pytest.mark.slow
+def test_brax_pole_falling_is_a_termination(brax_run):
+    steps, before, noise, vec, raw = brax_run([1.0] * 40)  # full push: the pole falls
+    end = int(np.argmax(raw[2])) + 1
+    assert 1 < end < 40 and vec.max_episode_steps == 1000
+    check_episode(steps, before, noise, vec, raw, end=end, how="terminated")
+
+
+@pytest.mark.slow
+def test_brax_time_limit_is_a_truncation(brax_run):
+    steps, before, noise, vec, raw = brax_run([0.0] * 8, limit=6)  # no push: upright for 6 steps
+    assert not np.any(raw[2][:6])
+    check_episode(steps, before, noise, vec, raw, end=6, how="truncated")
+
+
+# --------------------------------------------------------------------------------------
+# Craftax
+# --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def craftax_run():
+    pytest.importorskip("craftax")
+    module = load_algorithm("ppo")
+    from craftax.craftax_classic.constants import BlockType
+    from craftax.craftax_env import make_craftax_env_from_name
+
+    raw_env = make_craftax_env_from_name("Craftax-Classic-Symbolic-v1", auto_reset=False)
+    params = raw_env.default_params
+
+    def run(edit, actions, limit=None):
+        """`edit(inner, time)` -> (inner, time): the hand-made start, applied to the wrapper's state
+        and to the suite's alike."""
+        vec = module.VecEnv("craftax/Craftax-Classic-Symbolic-v1", 1)
+        if limit is not None:
+            with_limit(vec, limit)
+
+        def first_state(state):
+            inner, time = edit(jax.tree.map(lambda x: x[0], state.inner), state.time[0])
+            return state.replace(inner=jax.tree.map(lambda x: x[None], inner), time=time[None])
+
+        key = jax.random.PRNGKey(7)
+        _, steps, before, noise = jax.device_get(jax.jit(lambda k: drive(vec, actions, k, first_state))(key))
+        inner, _ = edit(raw_env.reset_env(jax.random.split(key, 1)[0], params)[1], jnp.int32(0))
+        raw = ([], [], [])
+        step = jax.jit(raw_env.step_env)
+        for t, action in enumerate(actions):
+            obs, inner, reward, done, _ = step(noise.key[t, 0], inner, action, params)
+            for column, value in zip(raw, (obs, reward, done), strict=True):
+                column.append(np.asarray(value))
+        return steps, before, noise, vec, raw
+
+    run.lava = BlockType.LAVA.value
+    return run
+
+
+@pytest.mark.slow
+def test_craftax_death_is_a_termination(craftax_run):
+    def lava_ahead(inner, time):  # lava on the block the player walks onto with its first move
+        x, y = inner.player_position + jnp.array([0, 1])
+        return inner.replace(map=inner.map.at[x, y].set(craftax_run.lava)), time
+
+    steps, before, noise, vec, raw = craftax_run(lava_ahead, [0, 2, 0])  # noop, move right (+y), noop
+    assert not raw[2][0] and raw[2][1]
+    check_episode(steps, before, noise, vec, raw, end=2, how="terminated")
+
+
+@pytest.mark.slow
+def test_craftax_own_time_limit_is_a_truncation(craftax_run):
+    """Craftax ends an episode at 10,000 steps as a game over (discount 0): here it is truncated."""
+
+    def near_the_limit(inner, time):
+        return inner.replace(timestep=inner.timestep + 9_997), time + 9_997
+
+    steps, before, noise, vec, raw = craftax_run(near_the_limit, [0, 0, 0, 0])
+    assert vec.max_episode_steps == 10_000 and not raw[2][1] and raw[2][2]  # the suite: a game over
+    raw = (raw[0], raw[1], [False] * 3)  # ... which the wrapper must call a truncation
+    check_episode(steps, before, noise, vec, raw, end=3, how="truncated")
+
+
+# --------------------------------------------------------------------------------------
+# The command line's refusals
+# --------------------------------------------------------------------------------------
+def test_a_missing_suite_exits_2_with_the_pip_line(monkeypatch, capsys, tmp_path):
+    module = load_algorithm("ppo")
+    find_spec = module.importlib.util.find_spec
+    monkeypatch.setattr(
+        module.importlib.util, "find_spec", lambda name, *a: None if name == "craftax" else find_spec(name, *a)
+    )
+    code, out, err = run_main(module, ["--env-name", "craftax/Craftax-Pixels-v1", "--runs-dir", tmp_path], capsys)
+    assert code == 2 and out == "" and not list(tmp_path.iterdir())
+    assert err.strip().endswith("needs the craftax package: pip install craftax==1.6.1") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "env_name", "message"),
+    [
+        ("ppo", "brax/hopper", "brax has continuous actions; ppo.py needs discrete ones"),
+        ("sac", "xminigrid/MiniGrid-Empty-5x5", "xminigrid has discrete actions; sac.py needs continuous ones"),
+        ("ppo", "gym/CartPole-v1", "unknown suite 'gym'"),
+        ("ppo", "xminigrid/XLand-MiniGrid-R1-9x9", "XLand-* tasks need a ruleset"),
+    ],
+)
+def test_a_wrong_suite_or_name_exits_2(name, env_name, message, capsys, tmp_path):
+    code, out, err = run_main(load_algorithm(name), ["--env-name", env_name, "--runs-dir", tmp_path], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------------------------
+# Every file's command line on every suite of its action kind
+# --------------------------------------------------------------------------------------
+# suite: (the env of the command-line run, its flat observation size, every return it can give)
+SUITE_RUNS = {
+    "brax": ("brax/inverted_pendulum", 4, (0, 1000)),
+    "craftax": ("craftax/Craftax-Classic-Symbolic-v1", 1345, (-10, 23)),  # achievements, health changes / 10
+    "xminigrid": ("xminigrid/MiniGrid-Empty-5x5", 98, (0, 1)),
+}
+CONTINUOUS = ("ppo_continuous", "sac", "td3")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("name", "suite"),
+    [(n, s) for n in ALGORITHMS for s in SUITE_RUNS if (s == "brax") == (n in CONTINUOUS)],
+)
+def test_command_line_trains_on_a_suite(name, suite, tmp_path):
+    """`python algorithms/X.py --env-name SUITE/NAME` with the small run of tests/test_cli.py."""
+    if importlib.util.find_spec(suite) is None:
+        pytest.skip(f"{suite} is not installed (requirements-envs.txt)")
+    env_name, obs_dim, return_range = SUITE_RUNS[suite]
+    algo = dataclasses.replace(ALGORITHMS[name], env=env_name, obs_dim=obs_dim, return_range=return_range)
+    flags = (*algo.small, "--env-name", env_name)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *flags, "--runs-dir", str(tmp_path)],
+        cwd=ROOT,
+        env=dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache")),
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
+    assert_ok(proc)
+    run_dir = results_dir(proc, ROOT)
+    assert run_dir.parent == tmp_path and "/" not in run_dir.name
+    check_run_directory(name, algo, load_algorithm(name), run_dir, flags)
+
+
+def test_the_readme_example_of_adding_a_suite_trains(root):
+    """README.md's "Adding another suite" code, run as written: a toy suite through `suite_env`."""
+    text = (root / "README.md").read_text()
+    code = text.split("### Adding another suite", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    load_algorithm("ppo")  # `import ppo` in the example finds the session's copy
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    metrics = jax.device_get(namespace["metrics"])
+    assert metrics["finite"].all()
+    ppo = namespace["ppo"]
+    # Walking right to the 9th cell is the only reward: every seed learns it.
+    np.testing.assert_allclose(ppo.final_returns(metrics), 1.0)
