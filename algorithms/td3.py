@@ -335,9 +335,11 @@ class VecEnv:
         obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
         return self._flat(obs), state
 
-    def presample(self, key: jax.Array, num_steps: int) -> StepNoise:
+    def presample(self, key: jax.Array, num_steps: int, resets: bool = True) -> StepNoise:
+        """The randomness of `num_steps` steps; without `resets`, episodes that end are not restarted
+        (evaluation scores each env's first episode only, and a Craftax world costs a fifth of a step)."""
         step_keys, reset_keys = jax.random.split(key, (2, num_steps, self.num_envs))
-        if not self.stock_step:
+        if not (self.stock_step and resets):
             return StepNoise(key=step_keys, reset_obs=None, reset_state=None)
         reset_env = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
         reset_obs, reset_state = reset_env(reset_keys[:, : self.num_resets], self.params)
@@ -364,7 +366,9 @@ class VecEnv:
         done = terminated | truncated
         final_obs = self._flat(obs)
         reset_obs, reset_state = noise.reset_obs, noise.reset_state
-        if self.num_resets < self.num_envs:  # the k-th env to finish at this step takes fresh episode k
+        if reset_state is None:  # presample(resets=False): an ended episode stays where it ended
+            reset_obs, reset_state = final_obs, state
+        elif self.num_resets < self.num_envs:  # the k-th env to finish at this step takes fresh episode k
             slot = (jnp.cumsum(done) - 1) % self.num_resets
             reset_obs, reset_state = jax.tree.map(lambda x: x[slot], (reset_obs, reset_state))
         select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
@@ -1220,7 +1224,7 @@ def make_evaluate(config: Config) -> Callable:
 
         def env_step(carry: Evaluating):
             rng, key = jax.random.split(carry.rng)
-            noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
+            noise = jax.tree.map(lambda x: x[0], env.presample(key, 1, resets=False))
             policy_carry, action = policy.act(params, carry.policy, carry.obs, carry.start)
             step = env.step(noise, carry.env_state, action)
             done = step.terminated | step.truncated
@@ -1263,7 +1267,7 @@ def make_episode_recorder(config: Config) -> Callable:
 
         def env_step(carry: Evaluating, _):
             rng, key = jax.random.split(carry.rng)
-            noise = jax.tree.map(lambda x: x[0], env.presample(key, 1))
+            noise = jax.tree.map(lambda x: x[0], env.presample(key, 1, resets=False))
             policy_carry, action = policy.act(params, carry.policy, carry.obs, carry.start)
             step = env.step(noise, carry.env_state, action)
             done = step.terminated | step.truncated

@@ -128,3 +128,23 @@ def test_vecenv_reset_pool_gives_each_finishing_env_a_different_fresh_episode(pp
 def test_suite_envs_declare_their_reset_pool(ppo):
     """Without `envs_per_reset`, every env gets its own fresh episode (gymnax's envs)."""
     assert ppo.VecEnv("CartPole-v1", 16).num_resets == 16
+
+
+def test_vecenv_without_resets_keeps_ended_episodes_where_they_ended(ppo):
+    """presample(resets=False), as evaluation steps: no fresh episode is drawn or started; the
+    transitions (and the step keys) are those of the auto-resetting rollout with the same key."""
+    num_envs, num_steps = 4, 20
+    venv = ppo.VecEnv("CartPole-v1", num_envs)
+    actions = jnp.zeros((num_steps, num_envs), jnp.int32)  # constant push: poles fall within ~10 steps
+    obs, state = venv.reset(jax.random.PRNGKey(5))
+    noise = venv.presample(jax.random.PRNGKey(6), num_steps, resets=False)
+    with_resets = venv.presample(jax.random.PRNGKey(6), num_steps)
+    assert noise.reset_obs is None and noise.reset_state is None
+    np.testing.assert_array_equal(noise.key, with_resets.key)
+    step = venv.step(jax.tree.map(lambda x: x[0], noise), state, actions[0])
+    for t in range(1, num_steps):
+        previous = step
+        step = venv.step(jax.tree.map(lambda x, t=t: x[t], noise), step.state, actions[t])
+        np.testing.assert_array_equal(step.obs, step.final_obs)  # never a fresh start
+        np.testing.assert_array_equal(step.state.time, previous.state.time + 1)
+    assert step.terminated.all()
