@@ -61,6 +61,10 @@ RUNS = [
     ("td3", "MountainCarContinuous-v0", "--total-timesteps 50000"),
     ("ppo_rnn", "CartPole-v1-no-velocity", ""),
     ("ppo_rnn", "MemoryChain-bsuite", ""),
+    # Suites beyond gymnax (pip install -r requirements-envs.txt); tests/test_suites.py's learning
+    # tests run the cheapest of them.
+    ("ppo", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --ent-coef 0.03"),
+    ("ppo_continuous", "brax/inverted_pendulum", "--total-timesteps 300000 --num-envs 128 --num-steps 32 --num-seeds 4"),
 ]
 
 

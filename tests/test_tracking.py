@@ -109,12 +109,14 @@ def test_eval_only_reproduces_the_evaluation(tmp_path, capsys):
     assert evaluation["points"][0]["eval_return_mean"] == summary["eval_return_mean"]
 
 
-@pytest.mark.slow  # drawing CartPole through pygame and matplotlib takes a minute or two
+@pytest.mark.slow  # drawing CartPole through pygame and matplotlib takes ~0.2 s a frame
 def test_render_writes_one_frame_per_step_of_the_episode(tmp_path, capsys):
     pytest.importorskip("pygame")
     from PIL import Image
 
-    run_dir, _ = run_main([*SMALL, "--runs-dir", tmp_path], capsys)
+    # One update of training: the greedy episodes are short (a trained policy's 500 frames would
+    # take minutes to draw, and drawing is all this tests).
+    run_dir, _ = run_main([*SMALL, "--total-timesteps", "128", "--runs-dir", tmp_path], capsys)
     _, out = run_main(["--eval-only", run_dir, "--render"], capsys)
     for seed in (0, 1):  # the episode's length, as the command line reported it
         length = int(next(line for line in out.splitlines() if line.startswith(f"seed{seed}.gif")).split()[1])

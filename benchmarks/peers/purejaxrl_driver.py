@@ -1,7 +1,9 @@
-"""Times PureJAXRL's own ppo.py or dqn.py on its CartPole-v1 config, as bench_speed.py times ours.
+"""Times PureJAXRL's own ppo.py or dqn.py on its CartPole-v1 config, as bench_speed.py times ours,
+or its ppo_continuous_action.py on its Brax config (hopper), as bench_brax.py times ours.
 
     python benchmarks/peers/purejaxrl_driver.py ppo --purejaxrl /path/to/purejaxrl --seeds 8
     python benchmarks/peers/purejaxrl_driver.py dqn --purejaxrl /path/to/purejaxrl --total-timesteps 1e5
+    python benchmarks/peers/purejaxrl_driver.py ppo_continuous_action --purejaxrl PATH --total-timesteps 2e6
 
 --purejaxrl is the root of a clone of https://github.com/luchris429/purejaxrl (measured at commit
 31756b1). The driver imports `make_train` from its unmodified purejaxrl/ppo.py or dqn.py and uses
@@ -23,6 +25,9 @@ Adapters, all on the driver side (no file of the checkout is edited):
     is wrapped in a 5-value adapter; dqn.py uses gymnax's own (6-value) LogWrapper, so the adapter
     goes around that. done = terminated | truncated, gymnax's pre-1.0 meaning. The adapter is
     gymnax.wrappers.LegacyStepAPIWrapper where gymnax has it, else the small one below.
+  * ppo_continuous_action.py steps Brax through its own BraxGymnaxWrapper (no adapter): it reports
+    done = termination or time limit and bootstraps through neither (our brax/NAME does through
+    the time limit). Its `config` targets hopper with Brax's positional backend.
   * `jax.tree_map` (removed from jax) is aliased to `jax.tree_util.tree_map` if missing.
   * wrappers.py imports brax and navix, dqn.py imports wandb, all at module level and unused on
     CartPole: empty stand-in modules are inserted for those that are not installed.
@@ -151,7 +156,7 @@ def checkout_commit(path: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("algorithm", choices=["ppo", "dqn"])
+    parser.add_argument("algorithm", choices=["ppo", "dqn", "ppo_continuous_action"])
     parser.add_argument("--purejaxrl", required=True, help="root of a clone of github.com/luchris429/purejaxrl")
     parser.add_argument("--seeds", type=int, default=1, help="seeds vmapped in one jitted call")
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed the per-seed keys are split from")
@@ -190,7 +195,7 @@ def main() -> None:
 
     from importlib import metadata
 
-    if int(metadata.version("gymnax").split(".")[0]) >= 1:
+    if int(metadata.version("gymnax").split(".")[0]) >= 1 and args.algorithm != "ppo_continuous_action":
         legacy = legacy_step_wrapper()
         if args.algorithm == "ppo":
             real_gymnax = module.gymnax
@@ -208,7 +213,7 @@ def main() -> None:
 
     defaults = file_config(path)
     config = dict(defaults)
-    if args.algorithm == "ppo" and not args.debug:
+    if args.algorithm in ("ppo", "ppo_continuous_action") and not args.debug:
         config["DEBUG"] = False
     if args.total_timesteps is not None:
         config["TOTAL_TIMESTEPS"] = args.total_timesteps
@@ -234,7 +239,7 @@ def main() -> None:
     run_s = time.perf_counter() - compiled_at
 
     metrics = jax.tree_util.tree_map(np.asarray, out["metrics"])
-    if args.algorithm == "ppo":
+    if args.algorithm in ("ppo", "ppo_continuous_action"):
         returns = metrics["returned_episode_returns"]  # [seeds, updates, steps, envs]
         ended = metrics["returned_episode"].astype(bool)
         steps_per_seed = int(np.prod(returns.shape[1:]))
