@@ -857,7 +857,9 @@ def xminigrid_env(env_name: str, name: str):
     action_space = spaces.Discrete(env.num_actions(params))
     observation_space = spaces.Box(0, 255, env.observation_shape(params), jnp.uint8)
     # A reset (a new random layout) costs about two steps: one fresh episode per 32 envs per step.
-    return suite_env(env_name, start, transition, (action_space, observation_space), params.max_steps, 32)
+    return suite_env(
+        env_name, start, transition, (action_space, observation_space), params.max_steps, envs_per_reset=32
+    )
 
 
 def configure_xla() -> None:

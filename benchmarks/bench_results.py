@@ -64,7 +64,21 @@ RUNS = [
     # Suites beyond gymnax (pip install -r requirements-envs.txt); tests/test_suites.py's learning
     # tests run the cheapest of them.
     ("ppo", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --ent-coef 0.03"),
+    ("ppo_rnn", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --hidden-size 64 --lr 1e-3 --ent-coef 0.05"),
     ("ppo_continuous", "brax/inverted_pendulum", "--total-timesteps 300000 --num-envs 128 --num-steps 32 --num-seeds 4"),
+    ("sac", "brax/inverted_pendulum", "--total-timesteps 60000 --num-seeds 4"),
+    ("td3", "brax/inverted_pendulum", "--total-timesteps 60000 --num-seeds 4"),
+    (
+        "ppo",
+        "craftax/Craftax-Classic-Symbolic-v1",
+        "--total-timesteps 1000000 --num-envs 64 --num-steps 64 --num-minibatches 8 --hidden-size 256 --lr 5e-4 "
+        "--num-seeds 4",
+    ),
+    (
+        "pqn",
+        "craftax/Craftax-Classic-Symbolic-v1",
+        "--total-timesteps 1000000 --num-envs 64 --num-steps 32 --hidden-size 256 --lr 2.5e-4 --num-seeds 4",
+    ),
 ]
 
 
