@@ -64,7 +64,7 @@ def _option(default: Any, doc: str) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Config:
     env_name: str = _option("CartPole-v1", "gymnax id, craftax/NAME or xminigrid/NAME (discrete actions; see below)")
-    total_timesteps: int = _option(200_000, "environment steps per run (all envs together)")
+    total_timesteps: int = _option(300_000, "environment steps per run (all envs together)")
     num_envs: int = _option(10, "parallel environments per run")
     num_steps: int = _option(100, "steps per environment in each update (one progress/metrics row)")
     buffer_size: int = _option(10_000, "replay buffer capacity in transitions per run (>= num_envs)")
@@ -80,7 +80,7 @@ class Config:
     gamma: float = _option(0.99, "discount factor")
     max_grad_norm: float = _option(1000.0, "global gradient-norm clip (10 slowed learning with the mse loss)")
     eps_start: float = _option(1.0, "epsilon-greedy exploration rate at the first step")
-    eps_end: float = _option(0.05, "exploration rate once the linear decay is over")
+    eps_end: float = _option(0.01, "exploration rate once the linear decay is over")
     eps_fraction: float = _option(0.3, "fraction of training (total_timesteps) over which epsilon decays linearly")
     activation: str = _option("relu", "hidden activation: relu or tanh")
     hidden_size: int = _option(128, "units per hidden layer of the Q-network")
