@@ -64,10 +64,11 @@ RUNS = [
     # Suites beyond gymnax (pip install -r requirements-envs.txt); tests/test_suites.py's learning
     # tests run the cheapest of them.
     ("ppo", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --ent-coef 0.03"),
-    ("ppo_rnn", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --hidden-size 64 --lr 1e-3 --ent-coef 0.05"),
+    ("ppo_rnn", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --hidden-size 64 --lr 1e-3 --ent-coef 0.1"),
     ("ppo_continuous", "brax/inverted_pendulum", "--total-timesteps 300000 --num-envs 128 --num-steps 32 --num-seeds 4"),
-    ("sac", "brax/inverted_pendulum", "--total-timesteps 60000 --num-seeds 4"),
-    ("td3", "brax/inverted_pendulum", "--total-timesteps 60000 --num-seeds 4"),
+    # 250 steps per update: 1,000-step episodes end at update boundaries, so the last 5% holds ends.
+    ("sac", "brax/inverted_pendulum", "--total-timesteps 60000 --num-steps 250 --num-seeds 4"),
+    ("td3", "brax/inverted_pendulum", "--total-timesteps 60000 --num-steps 250 --num-seeds 4"),
     (
         "ppo",
         "craftax/Craftax-Classic-Symbolic-v1",
@@ -77,7 +78,8 @@ RUNS = [
     (
         "pqn",
         "craftax/Craftax-Classic-Symbolic-v1",
-        "--total-timesteps 1000000 --num-envs 64 --num-steps 32 --hidden-size 256 --lr 2.5e-4 --num-seeds 4",
+        "--total-timesteps 1000000 --num-envs 64 --num-steps 32 --hidden-size 256 --lr 2.5e-4 --eps-start 0.1 "
+        "--eps-end 0.005 --reward-scale 1.0 --num-seeds 4",
     ),
 ]
 

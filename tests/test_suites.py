@@ -24,8 +24,8 @@ from conftest import ROOT, load_algorithm, run_main
 
 
 def drive(vec, actions, key, first_state=None):
-    """One env (vec.num_envs == 1) through `actions` with VecEnv's auto-reset: per step the EnvStep,
-    the env state after it, and the step keys and fresh episodes VecEnv drew."""
+    """One env (vec.num_envs == 1) through `actions` with VecEnv's auto-reset: the first observation,
+    per step the EnvStep and the env state before it, and the step keys and fresh episodes drawn."""
     obs, state = vec.reset(key)
     if first_state is not None:
         state = first_state(state)
