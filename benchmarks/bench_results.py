@@ -26,7 +26,7 @@ from common import ROOT, algorithm_path, describe, machine, run_cli, seed_curves
 
 # (algorithm file, environment, flags beyond the file's defaults). The budget is the file's default
 # unless the flags set one; seeds come from --seeds unless the flags set them. A row is known by its
-# algorithm, environment and --objective (PPO and DPO side by side).
+# algorithm, environment and variant flags (VARIANT_FLAGS: PPO and DPO side by side, ...).
 RUNS = [
     ("ppo", "CartPole-v1", ""),
     ("ppo", "CartPole-v1", "--objective dpo"),
@@ -59,13 +59,23 @@ RUNS = [
     ("td3", "Pendulum-v1", ""),
     ("sac", "MountainCarContinuous-v0", "--total-timesteps 50000"),
     ("td3", "MountainCarContinuous-v0", "--total-timesteps 50000"),
+    # Wide exploration noise finds the goal; 500-step rollouts let the last update end 999-step episodes.
+    (
+        "td3",
+        "MountainCarContinuous-v0",
+        "--total-timesteps 50000 --num-envs 10 --num-steps 500 --exploration-noise 1.0",
+    ),
     ("ppo_rnn", "CartPole-v1-no-velocity", ""),
     ("ppo_rnn", "MemoryChain-bsuite", ""),
     # Suites beyond gymnax (pip install -r requirements-envs.txt); tests/test_suites.py's learning
     # tests run the cheapest of them.
     ("ppo", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --ent-coef 0.03"),
     ("ppo_rnn", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --hidden-size 64 --lr 1e-3 --ent-coef 0.1"),
-    ("ppo_continuous", "brax/inverted_pendulum", "--total-timesteps 300000 --num-envs 128 --num-steps 32 --num-seeds 4"),
+    (
+        "ppo_continuous",
+        "brax/inverted_pendulum",
+        "--total-timesteps 300000 --num-envs 128 --num-steps 32 --num-seeds 4",
+    ),
     # 250 steps per update: 1,000-step episodes end at update boundaries, so the last 5% holds ends.
     ("sac", "brax/inverted_pendulum", "--total-timesteps 60000 --num-steps 250 --num-seeds 4"),
     ("td3", "brax/inverted_pendulum", "--total-timesteps 60000 --num-steps 250 --num-seeds 4"),
@@ -84,16 +94,23 @@ RUNS = [
 ]
 
 
+# Flags that make a row a variant of the same algorithm on the same env (shown in its label).
+VARIANT_FLAGS = ("--objective", "--exploration-noise")
+
+
 def row_key(name: str, env: str, flags) -> tuple:
-    """What tells rows apart: algorithm, environment and policy objective."""
+    """What tells rows apart: algorithm, environment and the variant flags' values."""
     flags = flags.split() if isinstance(flags, str) else list(flags)
-    objective = flags[flags.index("--objective") + 1] if "--objective" in flags else ""
-    return name, env, objective
+    variant = tuple(flags[flags.index(f) + 1] if f in flags else "" for f in VARIANT_FLAGS)
+    return name, env, variant
 
 
 def row_label(key: tuple) -> str:
-    name, _, objective = key
-    return f"{name}.py" + (f" ({objective})" if objective else "")
+    name, _, variant = key
+    objective, *others = variant
+    parts = [objective] if objective else []
+    parts += [f"{flag[2:]} {value}" for flag, value in zip(VARIANT_FLAGS[1:], others, strict=True) if value]
+    return f"{name}.py" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def measure(name: str, env: str, flags: str, seeds: int, scale: float, runs_dir: str) -> dict:
