@@ -8,7 +8,7 @@ suite's own vmapped step without any reset, at the same number of envs, random a
 Per env and env count, in one process, alternating for --rounds rounds (the table keeps each
 one's best round):
   suite      the suite's raw env: `jax.vmap` of its step over the envs, 64 steps in a `lax.scan`,
-             no resets (episodes that end keep stepping, as cheap as any step)
+             no resets (episodes that end keep stepping, as cheap as any step), keys split per step
   adapter    VecEnv from algorithms/ppo.py (ppo_continuous.py for Brax): 64 steps drawn and
              stepped as a rollout does (`presample`, then `step` in a `lax.scan`), every ended
              episode replaced by a fresh one from the step's pool
@@ -186,8 +186,10 @@ def write_table(records: list, randoms: list, path: str, about: str) -> None:
         about + ".",
         "",
         f"Random actions, {STEPS} steps per jitted call (best of the rounds, compile apart). suite: the raw env's "
-        "vmapped step, no resets. adapter: `--env-name SUITE/NAME` through VecEnv, auto-reset included, with "
-        "the fresh-episode pool the adapter declares. per-env: the same with a fresh episode drawn for every "
+        "vmapped step, no resets, its keys split at every step as a plain loop does (VecEnv draws a rollout's "
+        "keys in one batched call, which on CPU can make the adapter the faster of the two). adapter: "
+        "`--env-name SUITE/NAME` through VecEnv, auto-reset included, with the fresh-episode pool the adapter "
+        "declares. per-env: the same with a fresh episode drawn for every "
         "env at every step. Cost: 1 - adapter / suite.",
         "",
         "| env | envs | fresh episodes per step | suite steps/s | adapter steps/s | cost | per-env steps/s |",
