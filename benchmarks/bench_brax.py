@@ -46,11 +46,13 @@ OURS = dict(
     normalize_reward=True,
     log_std_init=0.0,
 )
-DIFFERENCES = [
+NOTES = [
     "time limit: PureJAXRL's BraxGymnaxWrapper reports the 1,000-step limit as done (no bootstrap); ours "
     "truncates and bootstraps from the true final observation",
-    "reward normalisation: both divide by a running std of the discounted return",
-    "log std: both a state-independent parameter starting at 0",
+    "fresh episodes: Brax's AutoResetWrapper (PureJAXRL's) restarts every env from the same first state; ours "
+    "draws new ones (one per 32 envs per step)",
+    "alike: reward normalisation by a running std of the discounted return, observation normalisation, a "
+    "state-independent log std starting at 0, actions clipped to [-1, 1]",
 ]
 
 
@@ -108,7 +110,7 @@ def write_table(records: list, path: str, about: str) -> None:
             f"{r['compile_s']:.1f} | {r['run_s']:.1f} | {r['steps_per_s']:,.0f} | "
             f"{r['final_return_mean']:.1f} | {evaluation} |"
         )
-    lines += ["", "Not matched:", *(f"- {d}" for d in DIFFERENCES)]
+    lines += ["", "Notes:", *(f"- {note}" for note in NOTES)]
     write_markdown(path, lines)
 
 

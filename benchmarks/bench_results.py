@@ -79,6 +79,13 @@ RUNS = [
     # 250 steps per update: 1,000-step episodes end at update boundaries, so the last 5% holds ends.
     ("sac", "brax/inverted_pendulum", "--total-timesteps 60000 --num-steps 250 --num-seeds 4"),
     ("td3", "brax/inverted_pendulum", "--total-timesteps 60000 --num-steps 250 --num-seeds 4"),
+    # PureJAXRL's ppo_continuous_action.py config (benchmarks/bench_brax.py), as long as ~15 minutes allow here.
+    (
+        "ppo_continuous",
+        "brax/hopper:positional",
+        "--total-timesteps 10000000 --num-envs 2048 --num-steps 10 --num-minibatches 32 --lr 3e-4 --no-anneal-lr "
+        "--gamma 0.99 --ent-coef 0 --hidden-size 256 --num-seeds 2",
+    ),
     (
         "ppo",
         "craftax/Craftax-Classic-Symbolic-v1",
