@@ -235,7 +235,7 @@ ALGORITHMS = {
         obs_dim=3,
         return_range=(-3300, 0),
         first_kernel="actor/params/Dense_0/kernel",
-        tolerance=(2e-2, 2e-3),  # as ppo_continuous, and the twin minimum's kinks (tests/test_train.py RTOL_OF)
+        tolerance=(2e-2, 2e-3),  # as ppo_continuous, and the twin minimum's kinks (tests/test_train.py)
     ),
 }
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}

@@ -22,11 +22,13 @@ SLOW_EXCEPT_PPO = {
 
 # Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
 RTOL, ATOL = 1e-5, 1e-6
-# td3.py's targets take a minimum over critics and clip the smoothing noise: where two critics are
-# nearly equal, a rounding difference can pick the other one and change a gradient step by more
-# than rounding, and later steps carry that on (a few elements of a layer, not a whole run; seen up
-# to 1.05e-3 relative on an AVX-512 CPU, where XLA's vector code rounds differently).
-RTOL_OF = {"td3": 1e-2}
+# td3.py's targets take a minimum over its twin critics: where the two are nearly equal, a rounding
+# difference between two programs picks the other one and changes a gradient step by far more than
+# rounding (seen: 9% of a parameter after 4 updates on an AVX-512 CPU). Its sweep-equals-run check
+# therefore runs with one critic (DDPG's target, no minimum), to a tolerance that still allows the
+# smoothed target action's clip to [-1, 1] (a kink too, but a rare one); the twin minimum is tested
+# against NumPy in tests/test_td3.py.
+SWEEP_CHECK_CHANGES = {"td3": (dict(num_critics=1), 1e-3)}
 
 
 @pytest.fixture(scope="module", params=[n for n in SMALL_TRAIN if (ROOT / "algorithms" / f"{n}.py").exists()])
@@ -147,11 +149,18 @@ def test_every_sweepable_field_is_read_from_the_run_hyperparameters(name, swept)
 def test_every_sweep_point_equals_the_run_with_that_config(name, config, keys, swept):
     """Each field's sweep point equals a run whose Config has that value (one program each)."""
     module, other_lr = load_algorithm(name), SMALL_TRAIN[name][2]
-    fields, _, (runner, metrics) = swept
+    rtol = RTOL
+    if name in SWEEP_CHECK_CHANGES:
+        changes, rtol = SWEEP_CHECK_CHANGES[name]
+        config = dataclasses.replace(config, **changes)
+        fields, hparams = sweep_points(module, config, other_lr)
+        program = jax.jit(jax.vmap(module.make_train(dataclasses.replace(config, lr=other_lr)), in_axes=(None, 0)))
+        runner, metrics = jax.device_get(program(keys[0], hparams))
+    else:
+        fields, _, (runner, metrics) = swept
     for index, field in enumerate(fields, start=2):
         alone = dataclasses.replace(config, lr=other_lr, **{field: ALTERNATIVE[field]})
         want_runner, want_metrics = jax.device_get(jax.jit(module.make_train(alone))(keys[0]))
-        rtol = RTOL_OF.get(name, RTOL)
         assert_close(row(metrics, index), want_metrics, path=field, rtol=rtol)
         assert_close(row(runner.params, index), want_runner.params, path=field, rtol=rtol)
 
