@@ -175,39 +175,44 @@ def craftax_run():
     raw_env = make_craftax_env_from_name("Craftax-Classic-Symbolic-v1", auto_reset=False)
     params = raw_env.default_params
 
-    def run(edit, actions, limit=None):
-        """`edit(inner, time)` -> (inner, time): the hand-made start, applied to the wrapper's state
-        and to the suite's alike."""
-        vec = module.VecEnv("craftax/Craftax-Classic-Symbolic-v1", 1)
-        if limit is not None:
-            with_limit(vec, limit)
+    vec = module.VecEnv("craftax/Craftax-Classic-Symbolic-v1", 1)
 
+    def edit(inner, time, lava_ahead, steps_taken):
+        """The hand-made start, applied to the wrapper's state and to the suite's alike: lava on the
+        block to the player's right (+y), and the episode's clock moved on by `steps_taken`."""
+        x, y = inner.player_position + jnp.array([0, 1])
+        lava = jnp.where(lava_ahead, BlockType.LAVA.value, inner.map[x, y])
+        inner = inner.replace(map=inner.map.at[x, y].set(lava), timestep=inner.timestep + steps_taken)
+        return inner, time + steps_taken
+
+    @jax.jit  # one program for every case: the edits are its inputs
+    def wrapped(key, actions, lava_ahead, steps_taken):
         def first_state(state):
-            inner, time = edit(jax.tree.map(lambda x: x[0], state.inner), state.time[0])
+            inner, time = edit(jax.tree.map(lambda x: x[0], state.inner), state.time[0], lava_ahead, steps_taken)
             return state.replace(inner=jax.tree.map(lambda x: x[None], inner), time=time[None])
 
+        return drive(vec, actions, key, first_state)
+
+    step = jax.jit(raw_env.step_env)
+
+    def run(actions, lava_ahead=False, steps_taken=0):
         key = jax.random.PRNGKey(7)
-        _, steps, before, noise = jax.device_get(jax.jit(lambda k: drive(vec, actions, k, first_state))(key))
-        inner, _ = edit(raw_env.reset_env(jax.random.split(key, 1)[0], params)[1], jnp.int32(0))
+        _, steps, before, noise = jax.device_get(wrapped(key, jnp.asarray(actions), lava_ahead, steps_taken))
+        inner, _ = edit(raw_env.reset_env(jax.random.split(key, 1)[0], params)[1], 0, lava_ahead, steps_taken)
         raw = ([], [], [])
-        step = jax.jit(raw_env.step_env)
         for t, action in enumerate(actions):
             obs, inner, reward, done, _ = step(noise.key[t, 0], inner, action, params)
             for column, value in zip(raw, (obs, reward, done), strict=True):
                 column.append(np.asarray(value))
         return steps, before, noise, vec, raw
 
-    run.lava = BlockType.LAVA.value
     return run
 
 
 @pytest.mark.slow
 def test_craftax_death_is_a_termination(craftax_run):
-    def lava_ahead(inner, time):  # lava on the block the player walks onto with its first move
-        x, y = inner.player_position + jnp.array([0, 1])
-        return inner.replace(map=inner.map.at[x, y].set(craftax_run.lava)), time
-
-    steps, before, noise, vec, raw = craftax_run(lava_ahead, [0, 2, 0])  # noop, move right (+y), noop
+    # Noop, then a move right (+y) onto the lava put there, then noops.
+    steps, before, noise, vec, raw = craftax_run([0, 2, 0, 0], lava_ahead=True)
     assert not raw[2][0] and raw[2][1]
     check_episode(steps, before, noise, vec, raw, end=2, how="terminated")
 
@@ -216,10 +221,7 @@ def test_craftax_death_is_a_termination(craftax_run):
 def test_craftax_own_time_limit_is_a_truncation(craftax_run):
     """Craftax ends an episode at 10,000 steps as a game over (discount 0): here it is truncated."""
 
-    def near_the_limit(inner, time):
-        return inner.replace(timestep=inner.timestep + 9_997), time + 9_997
-
-    steps, before, noise, vec, raw = craftax_run(near_the_limit, [0, 0, 0, 0])
+    steps, before, noise, vec, raw = craftax_run([0, 0, 0, 0], steps_taken=9_997)
     assert vec.max_episode_steps == 10_000 and not raw[2][1] and raw[2][2]  # the suite: a game over
     raw = (raw[0], raw[1], [False] * 3)  # ... which the wrapper must call a truncation
     check_episode(steps, before, noise, vec, raw, end=3, how="truncated")
