@@ -322,9 +322,12 @@ class VecEnv:
         )
         self.max_episode_steps = int(self.params.max_steps_in_episode)
         self.stock_step = type(self.env).step is Environment.step
-        # Fresh episodes drawn per step: one per env, or one per `envs_per_reset` envs for a suite
-        # whose reset costs more than a step (make_suite_env).
-        self.num_resets = -(-num_envs // getattr(self.env, "envs_per_reset", 1))
+        # Fresh episodes drawn: one per env and step for gymnax envs; for a suite whose reset costs
+        # more than a step (make_suite_env), one per `envs_per_reset` env steps: `num_resets` of them
+        # every `reset_every` steps (with fewer envs than envs_per_reset, one every few steps).
+        envs_per_reset = getattr(self.env, "envs_per_reset", 1)
+        self.num_resets = -(-num_envs // envs_per_reset)
+        self.reset_every = max(1, envs_per_reset // num_envs)
 
     def _flat(self, obs: jax.Array) -> jax.Array:
         batch_shape = obs.shape[: obs.ndim - len(self.obs_shape)]
@@ -342,8 +345,11 @@ class VecEnv:
         if not (self.stock_step and resets):
             return StepNoise(key=step_keys, reset_obs=None, reset_state=None)
         reset_env = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
-        reset_obs, reset_state = reset_env(reset_keys[:, : self.num_resets], self.params)
-        return StepNoise(key=step_keys, reset_obs=self._flat(reset_obs), reset_state=reset_state)
+        reset_obs, reset_state = reset_env(reset_keys[:: self.reset_every, : self.num_resets], self.params)
+        fresh = (self._flat(reset_obs), reset_state)
+        if self.reset_every > 1:  # step t draws from the episodes made for step t - t % reset_every
+            fresh = jax.tree.map(lambda x: jnp.repeat(x, self.reset_every, axis=0)[:num_steps], fresh)
+        return StepNoise(key=step_keys, reset_obs=fresh[0], reset_state=fresh[1])
 
     def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
         action = action.reshape(self.num_envs, *self.action_shape)
@@ -1033,8 +1039,8 @@ def make_suite_env(env_name: str, actions: str):
 def suite_env(name: str, start: Callable, transition: Callable, spaces: tuple, max_steps: int, envs_per_reset: int):
     """A gymnax Environment around a suite's raw env, given as `start(key) -> (obs, inner)` and
     `transition(key, inner, action) -> (obs, inner, reward, terminated)`; `spaces` are the
-    (action, observation) gymnax spaces. VecEnv draws one fresh episode per `envs_per_reset` envs
-    per step for suites whose reset costs more than a step."""
+    (action, observation) gymnax spaces. VecEnv draws one fresh episode per `envs_per_reset` env
+    steps (1: one per env and step, as for gymnax envs) for suites whose reset costs more than a step."""
     from flax import struct
     from gymnax.environments import environment
 
@@ -1111,8 +1117,8 @@ def brax_env(env_name: str, name: str):
 
     action_space = spaces.Box(-1.0, 1.0, (env.action_size,), jnp.float32)
     observation_space = spaces.Box(-jnp.inf, jnp.inf, (env.observation_size,), jnp.float32)
-    # A reset (the pipeline's initial state) costs a few steps: fresh episodes are drawn for
-    # one env in 32 per step, each finishing env taking a different one while they last.
+    # A reset (the pipeline's initial state) costs a few steps: one fresh episode per 32 env steps,
+    # each env finishing at a step taking a different one while they last.
     return suite_env(env_name, start, transition, (action_space, observation_space), 1000, envs_per_reset=32)
 
 
@@ -1144,8 +1150,8 @@ def craftax_env(env_name: str, name: str):
         gymnax_spaces.Discrete(env.num_actions),
         gymnax_spaces.Box(observation.low, observation.high, observation.shape, observation.dtype),
     )
-    # Generating a world costs about a fifth of stepping 256 envs: one fresh world per 256 envs
-    # per step (Craftax's own optimistic reset idea), each finishing env taking a different one.
+    # Generating a world costs about a fifth of stepping 256 envs: one fresh world per 256 env steps
+    # (Craftax's own optimistic reset idea), each env finishing at a step taking a different one.
     return suite_env(env_name, start, transition, spaces, int(params.max_timesteps), envs_per_reset=256)
 
 
@@ -1173,7 +1179,7 @@ def xminigrid_env(env_name: str, name: str):
 
     action_space = spaces.Discrete(env.num_actions(params))
     observation_space = spaces.Box(0, 255, env.observation_shape(params), jnp.uint8)
-    # A reset (a new random layout) costs about two steps: one fresh episode per 32 envs per step.
+    # A reset (a new random layout) costs about two steps: one fresh episode per 32 env steps.
     return suite_env(
         env_name, start, transition, (action_space, observation_space), params.max_steps, envs_per_reset=32
     )

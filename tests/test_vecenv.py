@@ -125,9 +125,31 @@ def test_vecenv_reset_pool_gives_each_finishing_env_a_different_fresh_episode(pp
     np.testing.assert_array_equal(steps.obs[1, 2], steps.obs[1, 0])
 
 
-def test_suite_envs_declare_their_reset_pool(ppo):
-    """Without `envs_per_reset`, every env gets its own fresh episode (gymnax's envs)."""
-    assert ppo.VecEnv("CartPole-v1", 16).num_resets == 16
+def test_vecenv_with_fewer_envs_than_envs_per_reset_draws_every_few_steps(ppo):
+    """One fresh episode per envs_per_reset env steps: with 4 envs and 12 per reset, one is drawn
+    every 3 steps, and every step of those 3 offers it."""
+    num_envs, num_steps = 4, 8
+    venv = ppo.VecEnv("CartPole-v1", num_envs)
+    venv.num_resets, venv.reset_every = 1, 3  # as `envs_per_reset = 12` on the env would give
+    noise = jax.device_get(venv.presample(jax.random.PRNGKey(7), num_steps))
+    assert noise.reset_obs.shape == (num_steps, 1, venv.obs_dim) and noise.key.shape == (num_steps, num_envs, 2)
+    for t in range(num_steps):
+        np.testing.assert_array_equal(noise.reset_obs[t], noise.reset_obs[t - t % 3])
+    assert not np.array_equal(noise.reset_obs[0], noise.reset_obs[3])
+    # The steps themselves take them as the pool test above shows; the keys stay one per env and step.
+    with_resets = jax.device_get(ppo.VecEnv("CartPole-v1", num_envs).presample(jax.random.PRNGKey(7), num_steps))
+    np.testing.assert_array_equal(noise.key, with_resets.key)
+
+
+def test_suite_envs_declare_their_reset_pool(ppo, monkeypatch):
+    """Without `envs_per_reset`, every env gets its own fresh episode at every step (gymnax's envs);
+    with it, one per envs_per_reset env steps."""
+    venv = ppo.VecEnv("CartPole-v1", 16)
+    assert venv.num_resets == 16 and venv.reset_every == 1
+    monkeypatch.setattr(type(venv.env), "envs_per_reset", 256, raising=False)
+    for num_envs, num_resets, reset_every in [(16, 1, 16), (64, 1, 4), (300, 2, 1), (1024, 4, 1)]:
+        venv = ppo.VecEnv("CartPole-v1", num_envs)
+        assert (venv.num_resets, venv.reset_every) == (num_resets, reset_every), num_envs
 
 
 def test_vecenv_without_resets_keeps_ended_episodes_where_they_ended(ppo):
