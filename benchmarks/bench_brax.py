@@ -50,7 +50,7 @@ NOTES = [
     "time limit: PureJAXRL's BraxGymnaxWrapper reports the 1,000-step limit as done (no bootstrap); ours "
     "truncates and bootstraps from the true final observation",
     "fresh episodes: Brax's AutoResetWrapper (PureJAXRL's) restarts every env from the same first state; ours "
-    "draws new ones (one per 32 envs per step)",
+    "draws new ones (one per 32 env steps)",
     "alike: reward normalisation by a running std of the discounted return, observation normalisation, a "
     "state-independent log std starting at 0, actions clipped to [-1, 1]",
 ]
