@@ -12,6 +12,7 @@ one's best round):
   adapter    VecEnv from algorithms/ppo.py (ppo_continuous.py for Brax): 64 steps drawn and
              stepped as a rollout does (`presample`, then `step` in a `lax.scan`), every ended
              episode replaced by a fresh one from the step's pool
+             (one per `envs_per_reset` env steps: several per step, or one every few steps)
   per-env    the same with one fresh episode per env per step (no pool), for what the pool saves
 And the mean return of a uniformly random policy on each env, the floor learning must beat.
 Writes results/suites_<backend>.{md,jsonl}.
@@ -86,7 +87,7 @@ def adapter_program(env_name: str, num_envs: int, pool: bool):
     module = load_algorithm("ppo_continuous" if env_name.startswith("brax/") else "ppo")
     vec = module.VecEnv(env_name, num_envs)
     if not pool:
-        vec.num_resets = num_envs
+        vec.num_resets, vec.reset_every = num_envs, 1
     _, _, sample = raw_suite(env_name)
 
     def run(state, key):
@@ -101,7 +102,7 @@ def adapter_program(env_name: str, num_envs: int, pool: bool):
         return jax.lax.scan(body, state, (noise, actions))[0]
 
     _, state = jax.jit(vec.reset)(jax.random.PRNGKey(0))
-    return jax.jit(run), state, vec.num_resets
+    return jax.jit(run), state, vec.num_resets / vec.reset_every
 
 
 def timed(program, state, rounds_key):
@@ -116,9 +117,9 @@ def measure(env_name: str, num_envs: int, rounds: int) -> dict:
     import jax
 
     programs = {"suite": suite_program(env_name, num_envs)}
-    adapter, state, num_resets = adapter_program(env_name, num_envs, pool=True)
+    adapter, state, fresh_per_step = adapter_program(env_name, num_envs, pool=True)
     programs["adapter"] = (adapter, state)
-    if num_resets < num_envs:
+    if fresh_per_step < num_envs:
         per_env, state, _ = adapter_program(env_name, num_envs, pool=False)
         programs["per-env"] = (per_env, state)
     compile_s = {}
@@ -134,7 +135,7 @@ def measure(env_name: str, num_envs: int, rounds: int) -> dict:
     record = {
         "env_name": env_name,
         "num_envs": num_envs,
-        "fresh_episodes_per_step": num_resets,
+        "fresh_episodes_per_step": fresh_per_step,
         "steps_per_s": steps,
         "compile_s": compile_s,
         "adapter_cost": 1 - steps["adapter"] / steps["suite"],
@@ -179,6 +180,11 @@ def random_policy_return(env_name: str, num_envs: int = 64, num_steps: int = 5_0
     return record
 
 
+def per_step(fresh: float) -> str:
+    """Fresh episodes per vectorized step as the pool draws them: "8", or "1/4" (one every 4 steps)."""
+    return f"{fresh:g}" if fresh >= 1 else f"1/{round(1 / fresh)}"
+
+
 def write_table(records: list, randoms: list, path: str, about: str) -> None:
     lines = [
         "# Suite adapters: env steps/s",
@@ -199,7 +205,7 @@ def write_table(records: list, randoms: list, path: str, about: str) -> None:
         s = r["steps_per_s"]
         per_env = f"{s['per-env']:,.0f}" if "per-env" in s else "–"
         lines.append(
-            f"| {r['env_name']} | {r['num_envs']} | {r['fresh_episodes_per_step']} | {s['suite']:,.0f} | "
+            f"| {r['env_name']} | {r['num_envs']} | {per_step(r['fresh_episodes_per_step'])} | {s['suite']:,.0f} | "
             f"{s['adapter']:,.0f} | {100 * r['adapter_cost']:.0f}% | {per_env} |"
         )
     if randoms:
