@@ -46,39 +46,32 @@ def training_us(sac, **overrides) -> float:
 
 def loss_and_grad_us(sac) -> float:
     import jax
-    import jax.numpy as jnp
     from jax.flatten_util import ravel_pytree
 
     config = sac.Config(**REJAX_CONFIG["sac"], num_seeds=1)
     env = sac.VecEnv(config.env_name, 1)
-    networks = sac.make_networks(config, env.action_dim)
-    loss = sac.make_sac_loss(config, networks, sac.action_scale(env))
+    loss = sac.make_sac_loss(config, sac.make_networks(config, env.action_dim), sac.action_scale(env))
+    runner = sac.make_train(config).init(jax.random.PRNGKey(0))  # the parameters a run starts from
+    flat, unravel = ravel_pytree(runner.params)
     B, A, O = config.batch_size, env.action_dim, env.obs_dim
-    keys = jax.random.split(jax.random.PRNGKey(0), 7)
-    obs, action = jnp.zeros((1, O)), jnp.zeros((1, A))
-    critic_keys = jax.random.split(keys[1], config.num_critics)
-    params = {
-        "actor": networks.actor.init(keys[0], obs),
-        "critic": jax.vmap(networks.critic.init, in_axes=(0, None, None))(critic_keys, obs, action),
-        "log_alpha": jnp.zeros(()),
-    }
-    flat, unravel = ravel_pytree(params)
+    keys = jax.random.split(jax.random.PRNGKey(1), 6)
     batch = sac.Transition(
-        obs=jax.random.normal(keys[2], (B, O)),
-        action=jax.random.uniform(keys[3], (B, A), minval=-1, maxval=1),
-        reward=jax.random.normal(keys[4], (B,)),
-        terminated=jnp.zeros(B, bool),
-        final_obs=jax.random.normal(keys[5], (B, O)),
+        obs=jax.random.normal(keys[0], (B, O)),
+        action=jax.random.uniform(keys[1], (B, A), minval=-1, maxval=1),
+        reward=jax.random.normal(keys[2], (B,)),
+        terminated=jax.numpy.zeros(B, bool),
+        final_obs=jax.random.normal(keys[3], (B, O)),
     )
     noise = sac.GradientNoise(
-        bits=jnp.zeros(B + 1, jnp.uint32),
-        next_action=jax.random.normal(keys[6], (B, A)),
-        action=jax.random.normal(keys[6], (B, A)),
+        bits=jax.numpy.zeros(B + 1, jax.numpy.uint32),  # unused: the batch is given
+        next_action=jax.random.normal(keys[4], (B, A)),
+        action=jax.random.normal(keys[5], (B, A)),
     )
-    hparams = sac.hparams_from(config)
 
     def step(flat, _):  # a tiny step keeps every iteration dependent on the last
-        grad = jax.grad(lambda p: loss(unravel(p), params["critic"], batch, noise, hparams)[0])(flat)
+        grad = jax.grad(lambda p: loss(unravel(p), runner.target_params["critic"], batch, noise, runner.hparams)[0])(
+            flat
+        )
         return flat - 1e-6 * grad, None
 
     program = jax.jit(lambda flat: jax.lax.scan(step, flat, None, length=GRAD_STEPS)[0])
