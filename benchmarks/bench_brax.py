@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, describe, load_algorithm, machine, run_result, write_markdown  # noqa: E402
+from common import ROOT, describe, load_algorithm, machine, run_result, stats, suites, write_markdown, xla  # noqa: E402
 
 PEER_DRIVER = os.path.join(ROOT, "benchmarks", "peers", "purejaxrl_driver.py")
 # PureJAXRL's ppo_continuous_action.py config (its `config = {...}` at commit 31756b1), in our flags.
@@ -59,11 +59,12 @@ NOTES = [
 def worker(seeds: int, total_timesteps: int) -> None:
     """Times ours as one jitted call, as the peer driver times PureJAXRL."""
     module = load_algorithm("ppo_continuous")
-    module.configure_xla()  # the command line's XLA flags, before any JAX computation
+    xla.configure()  # the command line's XLA flags, before any JAX computation
     import jax
     import numpy as np
 
     config = module.Config(**OURS, total_timesteps=total_timesteps, num_seeds=seeds)
+    suites.register(config.env_name)  # brax/... through gymnax's registry, as the command line does
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
     start = time.perf_counter()
     compiled = jax.jit(jax.vmap(module.make_train(config))).lower(keys).compile()
@@ -74,7 +75,7 @@ def worker(seeds: int, total_timesteps: int) -> None:
     evaluate = jax.jit(jax.vmap(module.make_evaluate(config)))
     greedy = np.asarray(evaluate(module.saved_params(runner), jax.random.split(jax.random.PRNGKey(1), seeds)))
     steps = int(metrics["env_steps"][0, -1])
-    finals = module.final_returns(metrics)
+    finals = stats.final_returns(metrics)
     result = {
         "bench": "ours_ppo_continuous",
         "num_seeds": seeds,

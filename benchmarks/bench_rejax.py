@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from common import ROOT, algorithm_path, describe, machine, run_result, write_markdown
+from common import ROOT, algorithm_path, describe, machine, run_result, stats, write_markdown, xla
 
 PEER_DRIVER = os.path.join(ROOT, "benchmarks", "peers", "rejax_driver.py")
 PENDULUM_HALF_RANGE = 2.0  # Pendulum-v1's actions are in [-2, 2]; rejax's noise scales are in those units
@@ -116,7 +116,7 @@ def load(algorithm: str):
 def worker(algorithm: str, seeds: int) -> None:
     """Times our train as one jitted call on one device, as the peer driver times rejax."""
     module = load(algorithm)
-    module.configure_xla()  # the XLA flags the command line sets, before any JAX computation
+    xla.configure()  # the XLA flags the command line sets, before any JAX computation
     import jax
     import numpy as np
 
@@ -144,7 +144,7 @@ def worker(algorithm: str, seeds: int) -> None:
                 "steps_per_s": steps * seeds / run_s,
                 "final_return_mean": float(np.mean(greedy)),
                 "final_return_per_seed": [float(x) for x in greedy],
-                "final_training_return_mean": float(np.nanmean(module.final_returns(metrics))),
+                "final_training_return_mean": float(np.nanmean(stats.final_returns(metrics))),
                 "xla_flags": os.environ.get("XLA_FLAGS", ""),
             }
         ),

@@ -22,6 +22,7 @@ import os
 import tempfile
 
 import numpy as np
+
 from common import ROOT, algorithm_path, describe, machine, run_cli, seed_curves, write_markdown
 
 # (algorithm file, environment, flags beyond the file's defaults). The budget is the file's default

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, describe, load_algorithm, machine, run_cli, run_result, write_markdown
+from common import ROOT, describe, load_algorithm, machine, run_cli, run_result, stats, write_markdown, xla
 
 PEER_DRIVER = os.path.join(ROOT, "benchmarks", "peers", "purejaxrl_driver.py")
 # PureJAXRL's CartPole configs (the dicts at the bottom of its ppo.py and dqn.py), in our field names.
@@ -92,7 +92,7 @@ SCHEDULER_ON = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
 def worker(algorithm: str, seeds: int, preset: str) -> None:
     """Times our train as one jitted call on one device, as the peer driver times PureJAXRL's."""
     module = load_algorithm(algorithm)
-    module.configure_xla()  # the XLA flags the command line sets, before any JAX computation
+    xla.configure()  # the XLA flags the command line sets, before any JAX computation
     import jax
     import numpy as np
 
@@ -115,7 +115,7 @@ def worker(algorithm: str, seeds: int, preset: str) -> None:
                 "compile_s": compiled_at - start,
                 "run_s": run_s,
                 "steps_per_s": steps * seeds / run_s,
-                "final_return_mean": float(np.mean(module.final_returns(metrics))),
+                "final_return_mean": float(np.mean(stats.final_returns(metrics))),
                 "xla_flags": os.environ.get("XLA_FLAGS", ""),
             }
         ),

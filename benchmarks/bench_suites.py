@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, describe, load_algorithm, machine, write_markdown  # noqa: E402
+from common import ROOT, describe, load_algorithm, machine, suites, write_markdown, xla  # noqa: E402
 
 STEPS = 64
 DEFAULT_ENVS = (
@@ -85,9 +85,10 @@ def adapter_program(env_name: str, num_envs: int, pool: bool):
     import jax
 
     module = load_algorithm("ppo_continuous" if env_name.startswith("brax/") else "ppo")
+    suites.register(env_name)
     vec = module.VecEnv(env_name, num_envs)
-    if not pool:
-        vec.num_resets, vec.reset_every = num_envs, 1
+    if not pool:  # a fresh episode for every env at every step, as for a gymnax env
+        vec.num_resets, vec.reset_every, vec.reserve = num_envs, 1, False
     _, _, sample = raw_suite(env_name)
 
     def run(state, key):
@@ -151,6 +152,7 @@ def random_policy_return(env_name: str, num_envs: int = 64, num_steps: int = 5_0
     import jax.numpy as jnp
 
     module = load_algorithm("ppo_continuous" if env_name.startswith("brax/") else "ppo")
+    suites.register(env_name)
     vec = module.VecEnv(env_name, num_envs)
     _, _, sample = raw_suite(env_name)
     chunk = 100
@@ -228,7 +230,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = parser.parse_args()
-    load_algorithm("ppo").configure_xla()
+    xla.configure()
     import importlib.util
 
     import jax

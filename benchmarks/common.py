@@ -11,6 +11,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "algorithms"))  # the run harness package beside the files
+from onefile_harness import stats, suites, xla  # noqa: E402, F401  (the benchmarks' shared imports)
 
 
 def algorithm_path(name: str) -> str:
@@ -34,7 +36,7 @@ def load_algorithm(name: str):
 def seed_curves(metrics: dict) -> np.ndarray:
     """Each seed's own return per update, as the run directory's curve and the tables define it
     (the harness's window_returns: episodes ending in the trailing 5% window): [..., seeds, updates]."""
-    return load_algorithm("ppo").window_returns(metrics)
+    return stats.window_returns(metrics)
 
 
 def run_cli(name: str, flags: list, runs_dir: str, cache_dir: str, timeout: int = 1800) -> dict:

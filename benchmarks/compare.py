@@ -8,8 +8,8 @@ confidence interval over seeds (Agarwal et al. 2021).
 Every sweep point of a run directory is one row and one curve. A curve is the mean over seeds of
 each seed's own return (its episodes ending in the trailing 5% of updates, the definition the
 tables use), with the band from the lowest to the highest seed; nothing else is smoothed. The IQM,
-its interval and the curves are computed by the algorithm files' own harness functions, so they
-are the figures each run's summary.json holds.
+its interval and the curves are computed by the run harness's own functions (onefile_harness/stats.py),
+so they are the figures each run's summary.json holds. A file run alone writes the same format.
 """
 
 import argparse
@@ -19,7 +19,8 @@ import sys
 import warnings
 
 import numpy as np
-from common import load_algorithm, write_markdown
+
+from common import stats, write_markdown
 
 
 def read_run(run_dir: str) -> list[dict]:
@@ -44,15 +45,14 @@ def read_run(run_dir: str) -> list[dict]:
 
 def figures(row: dict) -> dict:
     """Final return per seed and its mean, std, IQM and 95% interval, from the harness."""
-    harness = load_algorithm("ppo")
-    finals = harness.final_returns(row["metrics"])
+    finals = stats.final_returns(row["metrics"])
     finite = finals[np.isfinite(finals)]
     return {
         "finals": finals,
         "mean": float(np.mean(finite)) if len(finite) else None,
         "std": float(np.std(finite)) if len(finite) else None,
-        "iqm": float(harness.iqm(finite)) if len(finite) else None,
-        "interval": harness.bootstrap_interval(finite) if len(finite) else None,
+        "iqm": float(stats.iqm(finite)) if len(finite) else None,
+        "interval": stats.bootstrap_interval(finite) if len(finite) else None,
     }
 
 
@@ -79,10 +79,9 @@ def plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    harness = load_algorithm("ppo")
     fig, (by_steps, by_seconds) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for index, row in enumerate(rows):
-        curves = harness.window_returns(row["metrics"])  # [seeds, updates]
+        curves = stats.window_returns(row["metrics"])  # [seeds, updates]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, low, high = np.nanmean(curves, 0), np.nanmin(curves, 0), np.nanmax(curves, 0)

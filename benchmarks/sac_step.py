@@ -18,7 +18,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_rejax import REJAX_CONFIG  # noqa: E402
-from common import load_algorithm  # noqa: E402
+
+from common import load_algorithm, xla  # noqa: E402
 
 ENV_STEPS = REJAX_CONFIG["sac"]["total_timesteps"]
 GRAD_STEPS = 2_000
@@ -80,7 +81,7 @@ def loss_and_grad_us(sac) -> float:
 
 def main() -> None:
     sac = load_algorithm("sac")
-    sac.configure_xla()
+    xla.configure()
     print(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}")
     rows = [
         ("training", training_us(sac)),

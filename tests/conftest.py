@@ -3,7 +3,8 @@
 algorithms/*.py are single-file scripts, not a package, so they are imported from their paths,
 each once per session (`load_algorithm`), so the whole session shares one copy of each module
 and its jit caches. Importing one does nothing but define things; the tests then ask for the
-command line's XLA set-up explicitly (configure_xla), before any test starts JAX's backend.
+command line's XLA set-up explicitly (the run harness's), before any test starts JAX's backend.
+The run harness, algorithms/onefile_harness, is imported as a package from algorithms/.
 """
 
 import importlib.util
@@ -17,6 +18,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PPO_PATH = ROOT / "algorithms" / "ppo.py"
+sys.path.insert(0, str(ROOT / "algorithms"))  # the run harness package beside the files
+import onefile_harness  # noqa: E402
+from onefile_harness import xla  # noqa: E402
+
 ALGORITHM_NAMES = sorted(path.stem for path in (ROOT / "algorithms").glob("*.py"))
 
 
@@ -44,7 +49,14 @@ _PPO = _load("ppo", PPO_PATH)
 def pytest_configure(config):
     """The tests train as the command line does: its XLA flags (XLA's concurrent CPU scheduler
     has deadlocked vmapped PPO), set before anything starts JAX's backend."""
-    _PPO.configure_xla()
+    xla.configure()
+
+
+def command_line(module, argv) -> int:
+    """`python algorithms/<name>.py ARGV` in this process: the file's command line in the repository."""
+    if hasattr(module, "HARNESS_PROTOCOL"):
+        return onefile_harness.command_line(module, [str(a) for a in argv])
+    return module.main([str(a) for a in argv])
 
 
 # [T=6, N=5] episode-boundary patterns for the return tests (GAE, Q(lambda), ...), one env per column:
@@ -144,7 +156,7 @@ def numpy_mlp(params, x):
 
 def run_main(module, argv, capsys):
     """An algorithm file's command line in this process: (exit code, stdout, stderr)."""
-    code = module.main([str(a) for a in argv])
+    code = command_line(module, argv)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -1,4 +1,5 @@
-"""The command line of every algorithm file, run as a user would: `python algorithms/X.py ...`.
+"""The command line of every algorithm file, run as a user would: `python algorithms/X.py ...` in the
+repository (handed over to the run harness), and the same file copied alone into an empty folder.
 
 Every algorithm file has the same command line and writes the same run directory, so one set of
 tests serves them all: ALGORITHMS says, per file, what a small run is and which inputs are bad
@@ -22,7 +23,8 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from conftest import ROOT, USER_SET_CPU_DEVICES, load_algorithm
+from conftest import ROOT, USER_SET_CPU_DEVICES, command_line, load_algorithm
+from onefile_harness import rundir, stats, xla
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,7 @@ SLOW_EXCEPT_PPO = {
     "test_second_run_gets_a_new_directory",
     "test_diverging_run_exits_3_and_still_writes_results",
     "test_copied_script_runs_on_its_own",
+    "test_copied_script_refuses_the_harness_options",
 }
 # What only the harness does (a second run's directory, a sweep's files), identical in every file.
 PPO_ONLY = {"test_second_run_gets_a_new_directory", "test_sweep_has_a_leading_sweep_axis"}
@@ -239,6 +242,7 @@ ALGORITHMS = {
     ),
 }
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
+ALONE_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack"}  # a file run alone writes these
 SUMMARY_KEYS = {
     "algorithm",
     "env_name",
@@ -308,14 +312,17 @@ def assert_ok(proc, code=0):
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
-def load_run(run_dir: pathlib.Path):
-    assert {p.name for p in run_dir.iterdir()} >= RUN_FILES
+def load_run(run_dir: pathlib.Path, alone: bool = False):
+    """(config, summary, metrics, params) of a run directory: the run harness's, or (`alone`) one a
+    file copied alone wrote, which has no learning curve."""
+    assert {p.name for p in run_dir.iterdir()} >= (ALONE_FILES if alone else RUN_FILES)
     config = strict_json(run_dir / "config.json")
     summary = strict_json(run_dir / "summary.json")
     with np.load(run_dir / "metrics.npz") as npz:
         metrics = {k: npz[k] for k in npz.files}
     params = serialization.msgpack_restore((run_dir / "params.msgpack").read_bytes())
-    assert (run_dir / "learning_curve.png").read_bytes()[:8] == PNG_MAGIC
+    if not alone:
+        assert (run_dir / "learning_curve.png").read_bytes()[:8] == PNG_MAGIC
     return config, summary, metrics, params
 
 
@@ -392,8 +399,8 @@ def check_run_directory(name, algo, module, run_dir, flags):
     assert summary["backend"] == jax.default_backend()  # the child sees the same devices
     # Runs spread over at most one device each; a CPU-only install has one device per core.
     assert len(summary["devices"]) == min(jax.device_count(), SMALL_SEEDS)
-    if module.cpu_only() and not USER_SET_CPU_DEVICES:
-        assert jax.device_count() == module.cpu_cores()
+    if xla.cpu_only() and not USER_SET_CPU_DEVICES:
+        assert jax.device_count() == xla.cpu_cores()
     assert {"jax", "flax", "optax", "gymnax", "numpy"} <= set(summary["versions"])
     assert len(summary["final_return_per_seed"]) == SMALL_SEEDS
     for key in ("compile_seconds", "train_seconds", "steps_per_second"):
@@ -411,7 +418,7 @@ def check_run_directory(name, algo, module, run_dir, flags):
     np.testing.assert_array_equal(
         env_steps, np.broadcast_to(np.arange(1, updates + 1) * algo.steps_per_update, env_steps.shape)
     )
-    finals = module.final_returns(metrics).reshape(-1)
+    finals = stats.final_returns(metrics).reshape(-1)
     np.testing.assert_allclose(floats(summary["final_return_per_seed"]), finals, rtol=1e-6)
     if not np.isnan(finals).all():
         assert summary["final_return_mean"] == pytest.approx(float(np.nanmean(finals)), rel=1e-6)
@@ -446,14 +453,14 @@ def test_second_run_gets_a_new_directory(algo, cli, small_run):
         np.testing.assert_array_equal(first[metric], second[metric], err_msg=metric)
 
 
-def test_new_run_dir_never_reuses_a_directory(module, tmp_path):
+def test_new_run_dir_never_reuses_a_directory(name, module, tmp_path):
     """Runs started within the same second (the name's timestamp) still get distinct directories."""
-    config = module.Config()
-    made = [pathlib.Path(module.new_run_dir(str(tmp_path), config)) for _ in range(3)]
+    new_run_dir = lambda: rundir.new_run_dir(name, str(tmp_path), module.Config().env_name)  # noqa: E731
+    made = [pathlib.Path(new_run_dir()) for _ in range(3)]
     assert len({p.resolve() for p in made}) == 3
     assert all(p.is_dir() and p.parent == tmp_path for p in made)
     (made[0] / "marker").write_text("first")
-    made.append(pathlib.Path(module.new_run_dir(str(tmp_path), config)))
+    made.append(pathlib.Path(new_run_dir()))
     assert made[-1] not in made[:-1] and (made[0] / "marker").read_text() == "first"
 
 
@@ -471,7 +478,7 @@ def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_scri
 
     sweep = summary["sweep"]
     assert [point["sweep_point"] for point in sweep] == [{"lr": lr} for lr in SWEEP_LRS]
-    finals = module.final_returns(metrics)
+    finals = stats.final_returns(metrics)
     for point, final in zip(sweep, finals, strict=False):
         np.testing.assert_allclose(floats(point["final_return_per_seed"]), final, rtol=1e-6)
     means = floats([point["final_return_mean"] for point in sweep])
@@ -486,7 +493,7 @@ def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_scri
     # The lr=3e-3 point trains exactly like a plain --lr 3e-3 run (here: the copied script's).
     alone_proc, workdir = copied_script_run
     assert_ok(alone_proc)
-    _, _, plain, _ = load_run(results_dir(alone_proc, workdir))
+    _, _, plain, _ = load_run(results_dir(alone_proc, workdir), alone=True)
     point = {k: v[1] for k, v in metrics.items() if v.ndim == 3}
     for metric, value in point.items():
         want = plain[metric].reshape(value.shape)
@@ -499,12 +506,35 @@ def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_scri
 
 
 def test_copied_script_runs_on_its_own(name, algo, module, copied_script_run):
+    """Copied alone into an empty folder, the file trains with its own short command line and writes
+    the run harness's format: the same files but the plot, the same array shapes and summary figures."""
     proc, workdir = copied_script_run
     assert_ok(proc)
+    assert proc.stdout.startswith(f"{name}.py alone ")
     run_dir = results_dir(proc, workdir)
     assert run_dir.resolve().parent == (workdir / "runs").resolve()  # default --runs-dir, relative to cwd
-    check_run_directory(name, algo, module, run_dir, [*algo.small, "--lr", SWEEP_LRS[1]])
     assert {p.name for p in workdir.iterdir()} == {f"{name}.py", "runs"}
+    config, summary, metrics, params = load_run(run_dir, alone=True)
+    assert config["lr"] == SWEEP_LRS[1] and config["num_seeds"] == SMALL_SEEDS and config["sweep"] == {}
+    assert summary["algorithm"] == name and summary["env_name"] == algo.env
+    updates = algo.small_updates
+    assert metrics["episode_return"].shape == metrics["loss"].shape == (1, SMALL_SEEDS, updates)
+    assert metrics["eval_return"].shape == (1, SMALL_SEEDS) and metrics["wall_seconds"].shape == (updates,)
+    np.testing.assert_allclose(floats(summary["final_return_per_seed"]), stats.final_returns(metrics)[0], rtol=1e-6)
+    assert summary["eval_return_mean"] == pytest.approx(float(metrics["eval_return"].mean()), rel=1e-6)
+    leaves = dict(_leaves(params))
+    assert leaves and all(leaf.shape[:2] == (1, SMALL_SEEDS) for leaf in leaves.values())
+
+
+def test_copied_script_refuses_the_harness_options(name, cli, script, tmp_path):
+    """A flag only the run harness has stops the file run alone: exit 2, one line naming it, nothing
+    written."""
+    shutil.copy(script, tmp_path / f"{name}.py")
+    proc = cli("--sweep", "lr=1e-3,3e-3", cwd=tmp_path, script=tmp_path / f"{name}.py", timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--sweep" in lines[0] and "run harness" in lines[0], proc.stderr
+    assert {p.name for p in tmp_path.iterdir()} == {f"{name}.py"}
 
 
 def test_diverging_run_exits_3_and_still_writes_results(algo, cli, tmp_path):
@@ -544,10 +574,10 @@ COMMON_BAD_INPUTS = {
 
 
 def call_main(module, argv, capsys) -> tuple[int, str, str]:
-    """module.main(argv) in this process: (exit status, stdout, stderr). Bad input is refused
+    """The file's command line in this process: (exit status, stdout, stderr). Bad input is refused
     before anything compiles, so no new process (and no JAX import) is needed to test it."""
     try:
-        code = module.main([str(a) for a in argv])
+        code = command_line(module, argv)
     except SystemExit as exit_:  # argparse's own errors
         code = exit_.code
     out, err = capsys.readouterr()

@@ -1,16 +1,15 @@
 """dqn.make_train on tiny configs: interval bookkeeping, vmap consistency, determinism, sweeps,
-metrics, time-limit truncations in the buffer, the memory estimate.
+metrics, time-limit truncations in the buffer, the replay buffers' memory estimate.
 
 Every compiled program here is built once per module (fixtures) and shared between tests.
 """
-
-import dataclasses
 
 import jax
 import numpy as np
 import pytest
 
 from conftest import load_algorithm
+from onefile_harness import plan, protocol
 
 
 @pytest.fixture(scope="module")
@@ -177,15 +176,20 @@ def test_time_limit_truncation_is_stored_as_not_terminated(dqn, monkeypatch):
 
 
 def test_memory_estimate_refuses_impossible_buffers(dqn):
-    per_transition = dqn.transition_bytes(4)  # CartPole: 4 floats of obs
-    assert per_transition == 2 * 4 * 4 + 4 + 4 + 1
-    available, _ = dqn.available_memory()
+    """The run harness sizes the replay buffers from train.init's shapes, computed without making
+    them; validate checks values only."""
+    algo = protocol.load(dqn)
+    runner = jax.eval_shape(dqn.make_train(dqn.Config(num_envs=1, buffer_size=1)).init, jax.random.PRNGKey(0))
+    per_transition = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(runner.buffer.data))
+    assert per_transition == 2 * 4 * 4 + 4 + 4 + 1  # CartPole: 4 floats of obs
+    available, _ = plan.available_memory()
     # Two runs need 90% of the memory available now, three 135%: margins for other processes.
     buffer_size = int(0.45 * available / per_transition)
     config = dqn.Config(buffer_size=buffer_size, num_seeds=3)
-    with pytest.raises(dqn.ConfigError, match="--buffer-size") as error:
-        dqn.validate(config)
-    assert f"{buffer_size:,}" in str(error.value) and "memory" in str(error.value)
-    dqn.check_resources(dataclasses.replace(config, num_seeds=2), 2)  # two runs fit
-    with pytest.raises(dqn.ConfigError):
-        dqn.check_resources(dataclasses.replace(config, num_seeds=2), 3)  # three (e.g. a sweep) do not
+    dqn.validate(config)
+    train = dqn.make_train(config)
+    per_run = buffer_size * per_transition + 4 + 4  # and the buffer's position and size (int32)
+    with pytest.raises(protocol.UsageError, match="--buffer-size") as error:
+        plan.check_memory(algo, config, train, 3)
+    assert plan.readable_bytes(3 * per_run) in str(error.value) and "memory" in str(error.value)
+    plan.check_memory(algo, config, train, 2)  # two runs fit

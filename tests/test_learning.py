@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, load_algorithm
+from onefile_harness import stats
 
 SOLVED = 475.0  # CartPole-v1's own "solved" threshold (episodes are capped at 500)
 
@@ -27,14 +28,13 @@ def _ppo_rnn_checks(ppo_rnn, config, runner, metrics):
     """Memory is what works: ppo.py's MLP (its own defaults), fed the same position-only
     observations with the same seeds for the same number of steps, stays far below."""
     ppo = load_algorithm("ppo")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ppo, "make_env", ppo_rnn.make_env)  # ppo.py learns the file's own env names
-        mlp_config = ppo.Config(
-            env_name=config.env_name, total_timesteps=config.total_timesteps, num_seeds=config.num_seeds
-        )
-        keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
-        _, mlp_metrics = jax.device_get(jax.jit(jax.vmap(ppo.make_train(mlp_config)))(keys))
-    mlp_finals = ppo.final_returns(mlp_metrics)
+    ppo_rnn.validate(config)  # registers the file's partially observed envs with gymnax, where ppo.py finds them
+    mlp_config = ppo.Config(
+        env_name=config.env_name, total_timesteps=config.total_timesteps, num_seeds=config.num_seeds
+    )
+    keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+    _, mlp_metrics = jax.device_get(jax.jit(jax.vmap(ppo.make_train(mlp_config)))(keys))
+    mlp_finals = stats.final_returns(mlp_metrics)
     assert (mlp_finals < 200).all(), f"ppo.py final returns per seed without velocities: {np.round(mlp_finals, 1)}"
 
 
@@ -77,7 +77,7 @@ def test_default_config_learns_on_every_seed(name):
 
     assert metrics["finite"].all()
     assert metrics["episode_return"].shape == (config.num_seeds, config.num_updates)
-    finals = module.final_returns(metrics)
+    finals = stats.final_returns(metrics)
     assert finals.shape == (config.num_seeds,)
     assert not np.isnan(finals).any(), f"a seed finished no episode near the end: {finals}"
     assert (finals >= target).all(), f"final returns per seed: {np.round(finals, 1)} (target {target})"

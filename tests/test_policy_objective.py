@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import load_algorithm
+from conftest import command_line, load_algorithm
 
 
 def reference(objective: str, ratio: float, advantage: float, clip_eps=0.2, alpha=2.0, beta=0.6) -> float:
@@ -68,8 +68,7 @@ def test_both_ppo_files_use_the_same_objective():
     "argv, option", [(["--objective", "trpo"], "--objective"), (["--dpo-alpha", "0"], "--dpo-alpha")]
 )
 def test_bad_objective_exits_2(argv, option, capsys):
-    ppo = load_algorithm("ppo")
-    assert ppo.main([*argv, "--runs-dir", "/tmp/never-written"]) == 2
+    assert command_line(load_algorithm("ppo"), [*argv, "--runs-dir", "/tmp/never-written"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and option in err[0]
 

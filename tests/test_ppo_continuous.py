@@ -13,6 +13,7 @@ import pytest
 from flax import serialization
 from test_cli import ALGORITHMS
 
+import onefile_harness
 from conftest import load_algorithm
 
 pc = load_algorithm("ppo_continuous")
@@ -78,7 +79,8 @@ def test_gae_is_ppos():
 def cli_run(tmp_path_factory):
     """A small command-line run (in this process), and the same config trained by one jitted call."""
     runs_dir = tmp_path_factory.mktemp("runs")
-    assert pc.main([*SMALL_FLAGS, "--runs-dir", str(runs_dir), "--no-compile-cache", "--quiet"]) == 0
+    argv = [*SMALL_FLAGS, "--runs-dir", str(runs_dir), "--no-compile-cache", "--quiet"]
+    assert onefile_harness.command_line(pc, argv) == 0
     (run_dir,) = runs_dir.iterdir()
     config = pc.Config(**SMALL)
     keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
@@ -139,17 +141,17 @@ def test_restored_params_evaluate_to_the_saved_eval_return(cli_run):
 @pytest.mark.parametrize(
     "argv, option, words",
     [
-        (["--env-name", "CartPole-v1"], "--env-name", "discrete action space"),
+        (["--env-name", "CartPole-v1"], "--env-name", "discrete actions"),
         (["--log-std-init", "nan"], "--log-std-init", "finite"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(capsys, argv, option, words):
-    assert pc.main(argv) == 2
+    assert onefile_harness.command_line(pc, argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1
     assert option in err and words in err, err
 
 
 def test_make_train_refuses_a_discrete_env():
-    with pytest.raises(pc.ConfigError, match="--env-name Acrobot-v1 has a discrete action space"):
+    with pytest.raises(pc.ConfigError, match="--env-name Acrobot-v1 has discrete actions"):
         pc.make_train(dataclasses.replace(pc.Config(), env_name="Acrobot-v1"))

@@ -20,7 +20,9 @@ SHORT_LIMIT = 12  # a CartPole time limit that random play reaches often, next t
 
 @pytest.fixture(scope="module")
 def rnn():
-    return load_algorithm("ppo_rnn")
+    module = load_algorithm("ppo_rnn")
+    module.validate(module.Config())  # registers PARTIAL_ENVS with gymnax, as make_train does first
+    return module
 
 
 def short_episodes(module):
@@ -162,11 +164,11 @@ def test_rollout_matches_a_python_loop(rnn, short):
     runner = jax.jit(train.init)(jax.random.PRNGKey(0))
     saw = {"terminated": 0, "truncated": 0}
     for _ in range(2):
-        hidden, start = np.asarray(runner.hidden), np.asarray(runner.start)
-        new, tr, _ = jax.device_get(rollout(runner))
+        hidden, start = np.asarray(runner.hidden), np.asarray(rnn.starts(runner.episodes))
+        new, tr = jax.device_get(rollout(runner))
         np.testing.assert_array_equal(tr.start[0], start)
         np.testing.assert_array_equal(tr.start[1:], tr.done[:-1])  # done at t: step t+1 starts an episode
-        np.testing.assert_array_equal(new.start, tr.done[-1])
+        np.testing.assert_array_equal(rnn.starts(new.episodes), tr.done[-1])
 
         want = python_loop(network, runner.params, hidden, tr.obs, tr.start, tr.final_obs)
         log_prob = np.take_along_axis(jax.nn.log_softmax(want["logits"]), tr.action[..., None], -1)[..., 0]
@@ -249,6 +251,7 @@ def test_no_velocity_wrapper_is_cartpole_with_positions_only(rnn):
 
 
 def test_make_env_names_and_refusals(rnn):
+    assert ENV in gymnax.registered_envs and rnn.VecEnv(ENV, 3).obs_dim == 2  # registered by validate
     with pytest.raises(rnn.ConfigError, match="--env-name") as error:
         rnn.make_env("Nope-v0")
     assert ENV in str(error.value) and "MemoryChain-bsuite" in str(error.value)

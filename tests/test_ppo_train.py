@@ -10,6 +10,8 @@ import jax
 import numpy as np
 import pytest
 
+from onefile_harness import stats
+
 
 @pytest.fixture(scope="module")
 def name():
@@ -47,7 +49,7 @@ def test_final_returns_weights_by_episode_count(ppo):
     returns[1, -5:] = np.nan
     counts[1, -5:] = 0
     metrics = {"episode_return": returns, "episodes_finished": counts}
-    got = ppo.final_returns(metrics, fraction=0.25)
+    got = stats.final_returns(metrics, fraction=0.25)
     assert got.shape == (2,)
     assert got[0] == pytest.approx((10 * 1 + 30 * 3 + 20 * 1) / 5)
     assert np.isnan(got[1])  # no episode ended in the window
@@ -57,9 +59,9 @@ def test_final_returns_weights_by_episode_count(ppo):
     counts = np.full(40, 2, np.int32)
     returns[-2:] = [100.0, 400.0]
     counts[-2:] = [3, 1]
-    got = ppo.final_returns({"episode_return": returns, "episodes_finished": counts})
+    got = stats.final_returns({"episode_return": returns, "episodes_finished": counts})
     assert float(got) == pytest.approx((100 * 3 + 400) / 4)
 
     # Fewer updates than 1/fraction: still at least the last update.
-    got = ppo.final_returns({"episode_return": np.array([5.0, 9.0]), "episodes_finished": np.array([1, 2])})
+    got = stats.final_returns({"episode_return": np.array([5.0, 9.0]), "episodes_finished": np.array([1, 2])})
     assert float(got) == pytest.approx(9.0)

@@ -2,8 +2,8 @@
 stopped, bit for bit, for every algorithm file; a checkpoint is whole or absent; what may not
 change on resume is refused before anything is written.
 
-Each run is the file's own command line called in this process (`main`), with the small flags of
-tests/test_cli.py; Ctrl-C is a real SIGINT sent to this process from inside training.
+Each run is the file's command line (the run harness) called in this process, with the small flags
+of tests/test_cli.py; Ctrl-C is a real SIGINT sent to this process from inside training.
 """
 
 import hashlib
@@ -17,8 +17,9 @@ import pytest
 from flax import serialization
 from test_cli import ALGORITHMS, _leaves
 
-from conftest import ROOT, load_algorithm, run_main
+from conftest import ROOT, command_line, load_algorithm, run_main
 from conftest import run_dir_of as results_dir
+from onefile_harness import checkpoints, chunks, protocol, rundir
 
 # Every file's resume test compiles its own programs: ppo.py's runs in the fast loop, the others
 # with the slow tests (conftest reads this).
@@ -37,9 +38,9 @@ def load(run_dir: pathlib.Path):
     return metrics, params, json.loads((run_dir / "summary.json").read_text())
 
 
-def interrupt_at_chunk(module, monkeypatch, chunk: int) -> None:
+def interrupt_at_chunk(monkeypatch, chunk: int) -> None:
     """Ctrl-C (SIGINT to this process) while the given chunk of updates is being recorded."""
-    record_chunk, calls = module.record_chunk, []
+    record_chunk, calls = chunks.record_chunk, []
 
     def record_and_interrupt(*args):
         calls.append(1)
@@ -47,7 +48,7 @@ def interrupt_at_chunk(module, monkeypatch, chunk: int) -> None:
             os.kill(os.getpid(), signal.SIGINT)
         return record_chunk(*args)
 
-    monkeypatch.setattr(module, "record_chunk", record_and_interrupt)
+    monkeypatch.setattr(chunks, "record_chunk", record_and_interrupt)
 
 
 def test_stopped_and_resumed_run_equals_the_run_that_never_stopped(name, tmp_path, capsys, monkeypatch):
@@ -57,7 +58,7 @@ def test_stopped_and_resumed_run_equals_the_run_that_never_stopped(name, tmp_pat
     whole = results_dir(out)
 
     with monkeypatch.context() as patch:
-        interrupt_at_chunk(module, patch, 2)
+        interrupt_at_chunk(patch, 2)
         code, out, err = run_main(module, [*small, "--runs-dir", tmp_path / "stopped"], capsys)
     assert code == 130, err
     stopped = results_dir(out)
@@ -91,7 +92,7 @@ def finished_ppo_run(tmp_path_factory):
     ppo = load_algorithm("ppo")
     runs = tmp_path_factory.mktemp("runs")
     small = [*ALGORITHMS["ppo"].small, "--quiet", "--checkpoint-every", "1", "--runs-dir", runs]
-    assert ppo.main([str(a) for a in small]) == 0
+    assert command_line(ppo, small) == 0
     (run_dir,) = runs.iterdir()
     return run_dir
 
@@ -142,11 +143,12 @@ def test_a_checkpoint_is_whole_or_not_there(finished_ppo_run, tmp_path, monkeypa
     def crash(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ppo.os, "replace", crash)
+    monkeypatch.setattr(rundir.os, "replace", crash)
     with pytest.raises(OSError):
-        ppo.write_file(str(path), b"half a checkpoint")
+        rundir.write_file(str(path), b"half a checkpoint")
     monkeypatch.undo()
-    checkpoint = ppo.load_checkpoint(str(tmp_path), ppo.Config(total_timesteps=2048, num_envs=4, num_steps=32))
+    config = ppo.Config(total_timesteps=2048, num_envs=4, num_steps=32)
+    checkpoint = checkpoints.load_checkpoint(protocol.load(ppo), str(tmp_path), config)
     assert int(checkpoint["updates_done"]) == 16
 
 
@@ -155,7 +157,7 @@ def test_resume_without_the_replay_buffer_refills_it(tmp_path, capsys, monkeypat
     dqn = load_algorithm("dqn")
     small = [*ALGORITHMS["dqn"].small, "--quiet", "--no-checkpoint-buffer"]
     with monkeypatch.context() as patch:
-        interrupt_at_chunk(dqn, patch, 3)
+        interrupt_at_chunk(patch, 3)
         code, out, _ = run_main(dqn, [*small, "--runs-dir", tmp_path], capsys)
     assert code == 130
     run_dir = results_dir(out)

@@ -76,7 +76,7 @@ def test_buffer_holds_time_limit_truncations_as_not_terminated(config, single):
     assert not data.terminated.any()
     obs, final_obs = data.obs.reshape(steps, N, -1), data.final_obs.reshape(steps, N, -1)
     np.testing.assert_array_equal(obs[1:], final_obs[:-1])
-    assert (np.abs(final_obs[-1] - runner.obs).max(-1) > 0).all()
+    assert (np.abs(final_obs[-1] - runner.episodes.obs).max(-1) > 0).all()
     actions = data.action
     assert actions.shape == (N * steps, 1) and (np.abs(actions) <= 1).all()
     # Before learning_starts the actions are uniform in [-1, 1]; the early policy's are not.

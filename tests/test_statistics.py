@@ -1,7 +1,7 @@
-"""The harness's statistics over seeds: each run's final return and the learning curve drawn from
-the same episodes, the interquartile mean and its bootstrap confidence interval (Agarwal et al.
-2021), against NumPy loops and scipy. (rliable 1.2.0 installs beside the stack but fails at run
-time with NumPy 2.4 and pandas 3, so the harness computes them itself.)"""
+"""The run harness's statistics over seeds (onefile_harness/stats.py): each run's final return and
+the learning curve drawn from the same episodes, the interquartile mean and its bootstrap confidence
+interval (Agarwal et al. 2021), against NumPy loops and scipy. (rliable 1.2.0 installs beside the
+stack but fails at run time with NumPy 2.4 and pandas 3, so the harness computes them itself.)"""
 
 import json
 import math
@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from conftest import ROOT, load_algorithm
-
-ppo = load_algorithm("ppo")
+from conftest import ROOT
+from onefile_harness import stats
 
 
 def random_metrics(seed: int, runs=(2, 3), updates=40):
@@ -44,9 +43,9 @@ def reference_window_returns(metrics, fraction):
 @pytest.mark.parametrize("fraction", [0.05, 0.2])
 def test_window_returns_match_a_loop_and_end_at_the_final_return(seed, fraction):
     metrics = random_metrics(seed)
-    got = ppo.window_returns(metrics, fraction)
+    got = stats.window_returns(metrics, fraction)
     np.testing.assert_allclose(got, reference_window_returns(metrics, fraction), rtol=1e-12, equal_nan=True)
-    finals = ppo.final_returns(metrics, fraction)
+    finals = stats.final_returns(metrics, fraction)
     has_episodes = np.isfinite(finals)
     np.testing.assert_allclose(got[..., -1][has_episodes], finals[has_episodes], rtol=1e-12)
 
@@ -56,14 +55,14 @@ def test_curve_weighs_every_seed_alike():
     the busy seed; the curve is the mean of each seed's own return."""
     counts = np.array([[[5] * 20], [[1 if u % 10 == 9 else 0 for u in range(20)]]]).reshape(1, 2, 20)
     returns = np.where(counts > 0, np.array([10.0, 90.0])[None, :, None], np.nan)
-    curve = np.nanmean(ppo.window_returns({"episode_return": returns, "episodes_finished": counts}), axis=1)
+    curve = np.nanmean(stats.window_returns({"episode_return": returns, "episodes_finished": counts}), axis=1)
     assert curve[0, -1] == pytest.approx(50.0)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 16])
 def test_iqm_is_scipys_trimmed_mean(n):
     values = np.random.default_rng(n).normal(size=(7, n))
-    np.testing.assert_allclose(ppo.iqm(values), scipy.stats.trim_mean(values, 0.25, axis=-1), rtol=1e-12)
+    np.testing.assert_allclose(stats.iqm(values), scipy.stats.trim_mean(values, 0.25, axis=-1), rtol=1e-12)
 
 
 def test_bootstrap_interval_against_a_numpy_loop():
@@ -71,9 +70,9 @@ def test_bootstrap_interval_against_a_numpy_loop():
     rng = np.random.default_rng(0)
     draws = rng.integers(0, len(scores), (2000, len(scores)))
     iqms = [scipy.stats.trim_mean(scores[d], 0.25) for d in draws]
-    assert ppo.bootstrap_interval(scores) == pytest.approx(tuple(np.percentile(iqms, [2.5, 97.5])), rel=1e-12)
-    low, high = ppo.bootstrap_interval(scores)
-    assert low <= ppo.iqm(scores) <= high
+    assert stats.bootstrap_interval(scores) == pytest.approx(tuple(np.percentile(iqms, [2.5, 97.5])), rel=1e-12)
+    low, high = stats.bootstrap_interval(scores)
+    assert low <= stats.iqm(scores) <= high
 
 
 def test_compare_writes_the_harness_figures(tmp_path):
@@ -101,6 +100,6 @@ def test_compare_writes_the_harness_figures(tmp_path):
     assert compare.main([*map(str, run_dirs), "--out", str(out)]) == 0
     table = (tmp_path / "comparison.md").read_text()
     assert table.count("| ppo run") == 3 and "lr=0.003" in table
-    finals = ppo.final_returns({k: v[1] for k, v in random_metrics(1, runs=(2, 4), updates=30).items()})
-    assert f"{ppo.iqm(finals[np.isfinite(finals)]):.1f} [" in table
+    finals = stats.final_returns({k: v[1] for k, v in random_metrics(1, runs=(2, 4), updates=30).items()})
+    assert f"{stats.iqm(finals[np.isfinite(finals)]):.1f} [" in table
     assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"

@@ -14,6 +14,7 @@ from test_cli import ALGORITHMS
 
 from conftest import load_algorithm, run_dir_of
 from conftest import run_main as main_in_process
+from onefile_harness import evaluation, protocol
 
 SMALL = [*ALGORITHMS["ppo"].small, "--quiet"]  # 2 seeds, 16 updates
 
@@ -126,6 +127,6 @@ def test_render_writes_one_frame_per_step_of_the_episode(tmp_path, capsys):
 
 
 def test_render_refuses_what_gymnax_cannot_draw():
-    ppo = load_algorithm("ppo")
-    with pytest.raises(ppo.ConfigError, match="cannot draw DeepSea-bsuite"):
-        ppo.drawable_env("DeepSea-bsuite")
+    algo = protocol.load(load_algorithm("ppo"))
+    with pytest.raises(protocol.UsageError, match="cannot draw DeepSea-bsuite"):
+        evaluation.drawable_env(algo, "DeepSea-bsuite")

@@ -1,7 +1,7 @@
 """What every algorithm's `train` must satisfy, on the small configs in conftest.SMALL_TRAIN:
 one key alone equals that key inside a vmapped batch, the same key twice is identical, a sweep
-point equals the run whose Config has that value, and running in chunks (as the command line
-does) equals one call. Algorithm-specific checks live in tests/test_<name>_train.py."""
+point equals the run whose Config has that value, and running in chunks of `train.update` (as the
+run harness does) equals one call. Algorithm-specific checks live in tests/test_<name>_train.py."""
 
 import dataclasses
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, SMALL_TRAIN, _shared, load_algorithm
+from onefile_harness.chunks import chunk_updates
 
 # These compile programs of their own for every file; the fast loop runs them on ppo.py only
 # (conftest reads this), the slow tests on every file.
@@ -100,7 +101,7 @@ def sweep_points(module, config, other_lr):
     """Sweep points of a program built for lr=other_lr: [0] its own values, [1] lr=config.lr
     (the run of `config`), then one point per other sweepable field with ALTERNATIVE's value."""
     base = module.hparams_from(dataclasses.replace(config, lr=other_lr))
-    fields = [name for name in module.SWEEPABLE if name != "lr"]
+    fields = [name for name in module.HParams._fields if name != "lr"]
     for name in fields:
         assert ALTERNATIVE[name] != getattr(config, name), name
     points = [base, base._replace(lr=jnp.float32(config.lr))]
@@ -165,18 +166,17 @@ def test_every_sweep_point_equals_the_run_with_that_config(name, config, keys, s
         assert_close(row(runner.params, index), want_runner.params, path=field, rtol=rtol)
 
 
-def test_chunked_run_matches_train(train, config, keys, single):
-    """train.init + train.run in chunks (what the command line does) == train; updates past
-    the config's end are skipped and leave the runner alone."""
-    chunk = 4
-    init = jax.jit(train.init)
-    run = jax.jit(train.run, static_argnums=2)
-    runner = init(keys[0])
+@pytest.mark.parametrize("chunk", [3, 4])
+def test_chunked_run_matches_train(train, config, keys, single, chunk):
+    """train.init and the run harness's chunks of train.update == train: chunks of 3 divide the 6
+    updates; chunks of 4 run past the config's end, where the updates are skipped and leave the runner
+    alone."""
+    run = jax.jit(chunk_updates(train, chunk, config.num_updates))
+    runner = jax.jit(train.init)(keys[0])
     parts = []
-    for first in range(0, 2 * chunk, chunk):  # 8 updates, past the config's end
-        runner, metrics = run(runner, jnp.int32(first), chunk)
+    for first in range(0, config.num_updates, chunk):
+        runner, metrics = run(runner, jnp.int32(first))
         parts.append(jax.device_get(metrics))
-    assert 2 * chunk > config.num_updates
     metrics = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     single_runner, single_metrics = single[0]
     assert_close({k: v[: config.num_updates] for k, v in metrics.items()}, single_metrics)
@@ -226,13 +226,13 @@ def test_episode_accounting_adds_up(config, batched):
     runner, metrics = batched
     finished = metrics["episodes_finished"]
     lengths = np.where(finished > 0, metrics["episode_length"], 0.0) * finished
-    total = lengths.sum(-1) + runner.episode_length.sum(-1)
+    total = lengths.sum(-1) + runner.episodes.episode_length.sum(-1)
     np.testing.assert_allclose(total, config.num_updates * config.num_envs * config.num_steps, rtol=1e-6)
     valid = finished > 0
     assert (metrics["episode_length"][valid] >= 1).all()
     if config.env_name.startswith("CartPole"):  # pays 1 per step: a return is its length
         np.testing.assert_array_equal(metrics["episode_return"], metrics["episode_length"])
-        np.testing.assert_array_equal(runner.episode_return, runner.episode_length)
+        np.testing.assert_array_equal(runner.episodes.episode_return, runner.episodes.episode_length)
         assert (metrics["episode_length"][valid] <= 500).all()
 
 

@@ -1,6 +1,6 @@
 """VecEnv, the vectorised gymnax wrapper every file has: auto-reset from presampled resets,
-terminations, truncation at the time limit with the true final observation, and envs that
-override gymnax's step."""
+terminations, truncation at the time limit with the true final observation, envs that override
+gymnax's step, and the reserved fresh episodes of envs whose reset costs more than a step."""
 
 import jax
 import jax.numpy as jnp
@@ -103,53 +103,71 @@ def check_auto_reset(venv, obs_in, state_in, steps, noise, actions):
     np.testing.assert_array_equal(flat(steps.truncated), truncated)
 
 
-def test_vecenv_reset_pool_gives_each_finishing_env_a_different_fresh_episode(ppo):
-    """A suite whose reset costs more than a step (Craftax, Brax, XLand-MiniGrid) draws fewer fresh
-    episodes per step than it has envs: the k-th env to finish at a step takes fresh episode k,
-    distinct ones while they last, then round again."""
-    num_envs, num_steps, limit = 6, 4, 2
+def reserved_vecenv(ppo, monkeypatch, num_envs: int, envs_per_reset: int, limit: int):
+    """CartPole's VecEnv as for an env whose reset costs more than a step (as the run harness's suites
+    declare): each env holds a fresh episode in reserve; episodes end at `limit` steps."""
+    monkeypatch.setattr(type(ppo.VecEnv("CartPole-v1", 1).env), "envs_per_reset", envs_per_reset, raising=False)
     venv = ppo.VecEnv("CartPole-v1", num_envs)
-    venv.num_resets = 2  # as `envs_per_reset = 3` on the env would give
     venv.params = venv.params.replace(max_steps_in_episode=limit)
+    return venv
+
+
+def reserve_reference(venv, first_reserve, steps, noise):
+    """What each step's observations must be, by a plain loop: an env that finished starts its reserve;
+    then, at the steps that drew them, this step's fresh episodes replace the next reserves in turn."""
+    reserve, redrawn, want = np.array(first_reserve), 0, []
+    done = steps.terminated | steps.truncated
+    for t in range(len(done)):
+        want.append(np.where(done[t][:, None], reserve, steps.final_obs[t]))
+        if noise.new[t]:
+            for i in range(venv.num_resets):
+                reserve[(redrawn + i) % venv.num_envs] = noise.reset_obs[t, i]
+            redrawn += venv.num_resets
+    return np.stack(want)
+
+
+def test_envs_that_finish_together_start_distinct_episodes(ppo, monkeypatch):
+    """Every env truncates at the same step (a time limit and no termination, as on a Brax task): each
+    starts its own reserved fresh episode, so they all differ, and so do the next ones."""
+    num_envs, num_steps, limit = 6, 6, 2
+    venv = reserved_vecenv(ppo, monkeypatch, num_envs, envs_per_reset=3, limit=limit)
+    assert venv.reserve and (venv.num_resets, venv.reset_every) == (2, 1)
     actions = jnp.broadcast_to((jnp.arange(num_steps) % 2)[:, None], (num_steps, num_envs))
     obs_in, state_in, steps, noise = rollout(venv, jax.random.PRNGKey(4), actions, num_steps)
     assert noise.reset_obs.shape == (num_steps, 2, venv.obs_dim)
     done = steps.terminated | steps.truncated
-    assert done[1].all() and done[3].all() and not done[0].any()  # every env at the limit together
-    for t in np.flatnonzero(done.any(axis=1)):
-        slots = (np.cumsum(done[t]) - 1) % 2
-        for n in np.flatnonzero(done[t]):
-            np.testing.assert_array_equal(steps.obs[t, n], noise.reset_obs[t, slots[n]])
-    # The first two envs to finish start different episodes; the third repeats the first's.
-    assert not np.array_equal(steps.obs[1, 0], steps.obs[1, 1])
-    np.testing.assert_array_equal(steps.obs[1, 2], steps.obs[1, 0])
+    assert done[1::2].all() and not done[::2].any()  # every env at the limit together
+    for t in (1, 3, 5):
+        assert len({tuple(obs) for obs in steps.obs[t]}) == num_envs, f"envs share a fresh episode at step {t}"
+    np.testing.assert_array_equal(steps.obs, reserve_reference(venv, state_in.obs[0], steps, noise))
+    np.testing.assert_array_equal(steps.state.env.time[done], 0)
 
 
-def test_vecenv_with_fewer_envs_than_envs_per_reset_draws_every_few_steps(ppo):
-    """One fresh episode per envs_per_reset env steps: with 4 envs and 12 per reset, one is drawn
-    every 3 steps, and every step of those 3 offers it."""
-    num_envs, num_steps = 4, 8
-    venv = ppo.VecEnv("CartPole-v1", num_envs)
-    venv.num_resets, venv.reset_every = 1, 3  # as `envs_per_reset = 12` on the env would give
-    noise = jax.device_get(venv.presample(jax.random.PRNGKey(7), num_steps))
-    assert noise.reset_obs.shape == (num_steps, 1, venv.obs_dim) and noise.key.shape == (num_steps, num_envs, 2)
-    for t in range(num_steps):
-        np.testing.assert_array_equal(noise.reset_obs[t], noise.reset_obs[t - t % 3])
-    assert not np.array_equal(noise.reset_obs[0], noise.reset_obs[3])
-    # The steps themselves take them as the pool test above shows; the keys stay one per env and step.
-    with_resets = jax.device_get(ppo.VecEnv("CartPole-v1", num_envs).presample(jax.random.PRNGKey(7), num_steps))
-    np.testing.assert_array_equal(noise.key, with_resets.key)
+def test_reserves_are_redrawn_one_every_few_steps_with_fewer_envs_than_envs_per_reset(ppo, monkeypatch):
+    """One fresh episode per envs_per_reset env steps: with 4 envs and 12 per reset, one every 3
+    steps, which replaces one reserve; the step keys stay one per env and step."""
+    num_envs, num_steps = 4, 9
+    venv = reserved_vecenv(ppo, monkeypatch, num_envs, envs_per_reset=12, limit=2)
+    assert (venv.num_resets, venv.reset_every) == (1, 3)
+    actions = jnp.broadcast_to((jnp.arange(num_steps) % 2)[:, None], (num_steps, num_envs))
+    obs_in, state_in, steps, noise = rollout(venv, jax.random.PRNGKey(7), actions, num_steps)
+    np.testing.assert_array_equal(noise.new, np.arange(num_steps) % 3 == 0)
+    np.testing.assert_array_equal(steps.obs, reserve_reference(venv, state_in.obs[0], steps, noise))
+    np.testing.assert_array_equal(steps.state.redrawn, np.arange(num_steps) // 3 + 1)  # after each step
+    noise_key = jax.random.split(jax.random.PRNGKey(7))[1]  # as rollout() draws it
+    plain = jax.device_get(ppo.VecEnv("CartPole-v1", num_envs).presample(noise_key, num_steps))
+    np.testing.assert_array_equal(noise.key, plain.key)
 
 
-def test_suite_envs_declare_their_reset_pool(ppo, monkeypatch):
+def test_envs_declare_a_costly_reset_with_envs_per_reset(ppo, monkeypatch):
     """Without `envs_per_reset`, every env gets its own fresh episode at every step (gymnax's envs);
-    with it, one per envs_per_reset env steps."""
+    with it, one per envs_per_reset env steps, into reserves."""
     venv = ppo.VecEnv("CartPole-v1", 16)
-    assert venv.num_resets == 16 and venv.reset_every == 1
+    assert (venv.num_resets, venv.reset_every, venv.reserve) == (16, 1, False)
     monkeypatch.setattr(type(venv.env), "envs_per_reset", 256, raising=False)
     for num_envs, num_resets, reset_every in [(16, 1, 16), (64, 1, 4), (300, 2, 1), (1024, 4, 1)]:
         venv = ppo.VecEnv("CartPole-v1", num_envs)
-        assert (venv.num_resets, venv.reset_every) == (num_resets, reset_every), num_envs
+        assert (venv.num_resets, venv.reset_every, venv.reserve) == (num_resets, reset_every, True), num_envs
 
 
 def test_vecenv_without_resets_keeps_ended_episodes_where_they_ended(ppo):

@@ -1,0 +1,175 @@
+"""Training as calls of one compiled chunk of updates, with progress between them and Ctrl-C
+stopping at a chunk's end."""
+
+import dataclasses
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .plan import RunPlan
+from .stats import nanmean
+
+
+class Programs(NamedTuple):
+    run: Callable  # (runners, first update) -> (runners, metrics of `chunk` updates), compiled
+    evaluate: Callable  # (saved params, keys) -> mean greedy return of every run
+    chunk: int  # updates per call of `run`
+
+
+def chunk_updates(train, chunk: int, num_updates: int) -> Callable:
+    """`run(runner, first) -> (runner, metrics)`: `chunk` calls of `train.update` in one scan, from
+    update `first` on. Only where `chunk` does not divide the run do updates past its end exist: the
+    last chunk skips them, returning zeros the host drops."""
+
+    def skip_past_end(runner, index):
+        metrics = jax.eval_shape(train.update, runner, index)[1]
+        return jax.lax.cond(
+            index < num_updates,
+            train.update,
+            lambda runner, _: (runner, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics)),
+            runner,
+            index,
+        )
+
+    step = train.update if num_updates % chunk == 0 else skip_past_end
+
+    def run(runner, first):
+        return jax.lax.scan(step, runner, first + jnp.arange(chunk, dtype=jnp.int32))
+
+    return run
+
+
+def compile_programs(algo, config, train, plan: RunPlan):
+    """The first runners (on the devices) and the compiled programs that train and evaluate them."""
+    # Initialisation runs on one device and is then spread out: flax's orthogonal init (a LAPACK
+    # QR) deadlocked XLA:CPU when executed on several devices at once. It is cheap either way.
+    runner = jax.device_put(jax.jit(jax.vmap(train.init))(plan.keys, plan.hparams), plan.sharding)
+    chunk = max(1, math.ceil(config.num_updates / 10))  # ~10 progress reports
+    # The runners are donated: each chunk updates them (replay buffers included) in place.
+    run = jax.jit(
+        jax.vmap(chunk_updates(train, chunk, config.num_updates), (0, None)),
+        out_shardings=plan.sharding,
+        donate_argnums=0,
+    )
+    evaluate = jax.jit(jax.vmap(algo.make_evaluate(config)), out_shardings=plan.sharding)
+    run = run.lower(runner, jnp.int32(0)).compile()
+    jax.block_until_ready(runner)
+    return runner, Programs(run=run, evaluate=evaluate, chunk=chunk)
+
+
+@dataclasses.dataclass
+class TrainingLog:
+    """What has reached the host so far: each finished chunk's metrics ([points, seeds, updates]
+    per name) and when it finished (seconds of training, earlier sessions of a resumed run
+    included). A resumed run's first chunk is everything trained before, with its wall_seconds."""
+
+    chunks: list = dataclasses.field(default_factory=list)
+    chunk_ends: list = dataclasses.field(default_factory=list)
+
+    @property
+    def num_updates(self) -> int:
+        return sum(chunk["episode_return"].shape[-1] for chunk in self.chunks)
+
+    @property
+    def seconds(self) -> float:
+        return self.chunk_ends[-1] if self.chunk_ends else 0.0
+
+    def metrics(self) -> dict:
+        """Every finished update's metrics, plus `wall_seconds`: when each update had finished,
+        measured at chunk ends and interpolated within a chunk (its updates cost alike)."""
+        if not self.chunks:
+            return {}
+        names = [name for name in self.chunks[-1] if name != "wall_seconds"]
+        metrics = {name: np.concatenate([chunk[name] for chunk in self.chunks], axis=-1) for name in names}
+        walls, previous = [], 0.0
+        for chunk, end in zip(self.chunks, self.chunk_ends, strict=True):
+            updates = chunk["episode_return"].shape[-1]
+            walls.append(chunk.get("wall_seconds", previous + (end - previous) * np.arange(1, updates + 1) / updates))
+            previous = end
+        metrics["wall_seconds"] = np.concatenate(walls)
+        return metrics
+
+
+def train_in_chunks(job, plan: RunPlan, programs: Programs, runner, log: TrainingLog, report: Callable, save: Callable):
+    """Runs the updates not yet in `log` as calls of one compiled chunk, reporting between them:
+    a callback inside the program would keep it out of the persistent compile cache. Each chunk
+    is dispatched before the previous one is reported, so reporting costs no training time; the
+    pipeline waits only where a checkpoint is due (--checkpoint-every, or Ctrl-C: then training
+    stops there, and `save(runner)` writes it). Returns (final runners, whether Ctrl-C stopped it);
+    `log` holds every finished chunk, also when this raises."""
+    config, every, pending = job.config, job.args.checkpoint_every, None
+    start = time.perf_counter() - log.seconds
+    with StopRequest() as stop:
+        for index, first in enumerate(range(log.num_updates, config.num_updates, programs.chunk)):
+            runner, metrics = programs.run(runner, jnp.int32(first))
+            if pending is not None:
+                report(record_chunk(config, plan, log, *pending, start))
+            pending = (first, metrics)
+            if first + programs.chunk < config.num_updates and (stop.requested or (every and (index + 1) % every == 0)):
+                report(record_chunk(config, plan, log, *pending, start))
+                pending = None
+                save(runner)
+                if stop.requested:
+                    return runner, True
+        if pending is not None:  # None: a resumed run that had already finished
+            report(record_chunk(config, plan, log, *pending, start))
+    return runner, False
+
+
+def record_chunk(config, plan: RunPlan, log: TrainingLog, first: int, metrics: dict, start: float) -> dict:
+    """Brings a chunk's metrics to the host (waiting for it to finish) and logs them; updates
+    past the config's end, which the last chunk skips, are dropped. Returns them."""
+    updates = min(config.num_updates - first, metrics["episode_return"].shape[-1])
+    metrics = {name: value[..., :updates] for name, value in plan.to_host(metrics).items()}
+    log.chunks.append(metrics)
+    log.chunk_ends.append(time.perf_counter() - start)
+    return metrics
+
+
+def progress_reporter(config, plan: RunPlan, log: TrainingLog, say: Callable, tracker) -> Callable:
+    """What happens to each chunk's metrics once on the host: a progress line, and the tracker."""
+
+    def report(metrics: dict) -> None:
+        done, seconds = log.num_updates, log.seconds
+        steps = done * config.steps_per_update
+        say(
+            f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
+            f"return {nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s"
+        )
+        if tracker is not None:
+            tracker.log(metrics)
+
+    return report
+
+
+class StopRequest:
+    """Ctrl-C during training: the first asks to stop at the end of the current chunk, after a
+    checkpoint; a second one stops at once (KeyboardInterrupt)."""
+
+    def __init__(self):
+        self.requested, self.previous = False, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self.previous = signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            "Ctrl-C: stopping after this chunk with a checkpoint (Ctrl-C again: stop now)", file=sys.stderr, flush=True
+        )
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
