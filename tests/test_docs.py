@@ -84,8 +84,9 @@ def sandbox(tmp_path_factory):
     return folder
 
 
-def run(command: str, cwd, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cwd / ".cache"), PYTHON=sys.executable)
+def run(command: str, cwd, cache_dir, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`command` in bash from `cwd`, as typed, with this interpreter for `python` and its own compile cache."""
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir))
     command = re.sub(r"^((?:\w+=\S+ )*)python ", rf"\1{sys.executable} ", command)
     return subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -108,11 +109,11 @@ def test_the_documented_commands_run_to_the_end(sandbox):
     assert set(RUN_TO_THE_END) <= documented, set(RUN_TO_THE_END) - documented
     for command in RUN_TO_THE_END:
         runs = sorted((sandbox / "runs").glob("ppo-CartPole-v1-*")) if (sandbox / "runs").exists() else []
-        proc = run(PLACEHOLDER.sub(str(runs[-1]) if runs else "", command), sandbox)
+        proc = run(PLACEHOLDER.sub(str(runs[-1]) if runs else "", command), sandbox, sandbox / ".cache")
         assert proc.returncode == 0, f"{command}\n{proc.stderr[-2000:]}"
         assert proc.stdout.splitlines()[0].startswith(("ppo.py with the run harness", "usage: ppo.py")), command
     compare = next(c for path in DOCS for c in bash_commands(path) if c.startswith("python benchmarks/compare.py"))
-    proc = run(compare.replace("runs/dqn-CartPole-v1-*", ""), sandbox)  # the ppo runs above, compared
+    proc = run(compare.replace("runs/dqn-CartPole-v1-*", ""), sandbox, sandbox / ".cache")  # the ppo runs above
     assert proc.returncode == 0 and (sandbox / "cmp.md").exists() and (sandbox / "cmp.png").exists(), proc.stderr
 
 
@@ -122,6 +123,6 @@ def test_the_documented_copy_of_a_file_runs_alone(tmp_path):
     """README's `mkdir -p /tmp/alone && cp algorithms/ppo.py /tmp/alone/ && cd /tmp/alone && python
     ppo.py ...`, with its folder under tmp_path: it trains alone and writes its run directory."""
     (line,) = [c for c in re.findall(r"```bash\n(.*?)```", DOCS[0].read_text(), re.S) if "/tmp/alone" in c]
-    proc = run(line.split("  #")[0].strip().replace("/tmp/alone", str(tmp_path / "alone")), ROOT)
+    proc = run(line.split("  #")[0].strip().replace("/tmp/alone", str(tmp_path / "alone")), ROOT, tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("ppo.py alone") and len(list((tmp_path / "alone" / "runs").iterdir())) == 1
