@@ -1,9 +1,7 @@
-"""PPO (clipped surrogate, GAE) for discrete-action gymnax environments, in one file.
-
-    python ppo.py --env-name Acrobot-v1 --num-seeds 16 --lr 1e-3     # --help: every option
-
-The whole run (rollout, GAE, epochs of shuffled minibatch updates) is one jitted function, and
-seeds (and sweep points: the float hyperparameters in HParams) are vmapped into one program:
+"""PPO (clipped surrogate, GAE) for discrete-action gymnax environments, in one file:
+`python ppo.py --env-name Acrobot-v1 --num-seeds 16` (--help lists every option). The whole run
+(rollout, GAE, epochs of shuffled minibatch updates) is one jitted function, and seeds (and sweep
+points: the float hyperparameters in HParams) are vmapped into one program:
 
     train = make_train(Config(env_name="CartPole-v1"))
     runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
@@ -409,12 +407,9 @@ class Runner(NamedTuple):
 
 
 def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
-    """Advantages and value targets for a [T, N] rollout.
-
-    `next_value[t]` is V of the true next observation (before auto-reset), so a time-limit
-    truncation bootstraps from the state it cut off; only `terminated` zeroes it. `done`
-    (either) stops the recursion from leaking advantages across episodes.
-    """
+    """Advantages and value targets for a [T, N] rollout. `next_value[t]` is V of the true next observation
+    (before auto-reset), so a time-limit truncation bootstraps from the state it cut off; only `terminated`
+    zeroes it. `done` (either) stops the recursion from leaking advantages across episodes."""
     chex.assert_equal_shape([reward, value, next_value, terminated, done])
     delta = reward + gamma * next_value * (1.0 - terminated) - value
 
@@ -459,14 +454,8 @@ def ppo_loss(config: Config, networks: Networks, params, minibatch: Batch, hp: H
     )
     entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
     loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
-    stats = {
-        "loss": loss,
-        "policy_loss": policy_loss,
-        "value_loss": value_loss,
-        "entropy": entropy,
-        "approx_kl": ((ratio - 1) - log_ratio).mean(),
-        "clip_fraction": (jnp.abs(ratio - 1) > hp.clip_eps).mean(),
-    }
+    stats = dict(loss=loss, policy_loss=policy_loss, value_loss=value_loss, entropy=entropy)
+    stats.update(approx_kl=((ratio - 1) - log_ratio).mean(), clip_fraction=(jnp.abs(ratio - 1) > hp.clip_eps).mean())
     return loss, stats
 
 
@@ -486,12 +475,8 @@ def make_train(config: Config) -> Callable:
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
     def init_params(key: jax.Array):
-        actor_key, critic_key = jax.random.split(key)
-        dummy_obs = jnp.zeros((1, env.obs_dim))
-        return {
-            "actor": networks.actor.init(actor_key, dummy_obs),
-            "critic": networks.critic.init(critic_key, dummy_obs),
-        }
+        (actor_key, critic_key), obs = jax.random.split(key), jnp.zeros((1, env.obs_dim))
+        return {"actor": networks.actor.init(actor_key, obs), "critic": networks.critic.init(critic_key, obs)}
 
     # The optimizer sees one flat vector instead of a dozen small arrays: on CPU every array is a
     # separate kernel launch in Adam and in the gradient-norm clip, which dominated a step.

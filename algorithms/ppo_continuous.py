@@ -520,12 +520,9 @@ class Runner(NamedTuple):
 
 
 def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
-    """Advantages and value targets for a [T, N] rollout.
-
-    `next_value[t]` is V of the true next observation (before auto-reset), so a time-limit
-    truncation bootstraps from the state it cut off; only `terminated` zeroes it. `done`
-    (either) stops the recursion from leaking advantages across episodes.
-    """
+    """Advantages and value targets for a [T, N] rollout. `next_value[t]` is V of the true next observation
+    (before auto-reset), so a time-limit truncation bootstraps from the state it cut off; only `terminated`
+    zeroes it. `done` (either) stops the recursion from leaking advantages across episodes."""
     chex.assert_equal_shape([reward, value, next_value, terminated, done])
     delta = reward + gamma * next_value * (1.0 - terminated) - value
 
