@@ -12,16 +12,17 @@ What it measures, each in a fresh process (so every compile is cold unless state
      until all seeds have reached return 475 (compile + the share of training it took).
   2. Throughput at PureJAXRL's CartPole hyperparameters for each seed count, three ways:
      - `jit`: one `jax.jit(jax.vmap(train))` call on one device, timed like
-       benchmarks/peers/purejaxrl_driver.py times PureJAXRL (compile_s = lower + compile,
-       steps/s = env steps of all seeds / run seconds);
-     - `jit, XLA scheduler`: the same under XLA's default CPU scheduler, which the files turn
-       off because it has deadlocked vmapped PPO here (what that choice costs);
+       benchmarks/peers/purejaxrl_driver.py times PureJAXRL (`make_train` before the clock, as the
+       driver does; compile_s = lower + compile, steps/s = env steps of all seeds / run seconds),
+       under the command line's XLA flags (the older CPU scheduler, optimisation level 1);
+     - `jit, XLA defaults`: the same under JAX's own XLA flags (the concurrency-optimised
+       scheduler, which has deadlocked vmapped PPO here, and optimisation level 3);
      - `command line`: `python algorithms/<algo>.py` with those hyperparameters, as a user runs
        it; on a CPU-only install it spreads the seeds over one XLA device per core.
      With --purejaxrl PATH (the root of a PureJAXRL checkout), PureJAXRL's own file runs in the
-     same round through benchmarks/peers/purejaxrl_driver.py (the order alternates between rounds) and
-     each ratio is taken within its round. Timings on a shared machine vary: compare only inside
-     one run of this script.
+     same round through benchmarks/peers/purejaxrl_driver.py, under both flag settings (the order
+     alternates between rounds), and each ratio is taken within its round. Timings on a shared
+     machine vary: compare only inside one run of this script.
 Results: benchmarks/results/<algo>_<backend>.md and a .jsonl of every measurement.
 """
 
@@ -86,7 +87,8 @@ PRESET_TEXT = {
     "dqn": "10 envs, buffer 10k, batch 128, train every 10 and target every 500 env steps, 5e5 steps",
 }
 THRESHOLD = 475.0
-SCHEDULER_ON = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
+# JAX's own XLA flags for the CPU, spelled out so that neither side's set-up adds its own.
+XLA_DEFAULTS = "--xla_cpu_enable_concurrency_optimized_scheduler=true --xla_backend_optimization_level=3"
 
 
 def worker(algorithm: str, seeds: int, preset: str) -> None:
@@ -98,8 +100,10 @@ def worker(algorithm: str, seeds: int, preset: str) -> None:
 
     config = module.Config(**(PUREJAXRL_CONFIG[algorithm] if preset == "purejaxrl" else {}), num_seeds=seeds)
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
+    made = time.perf_counter()
+    train = module.make_train(config)  # gymnax's import and the env: before the clock, as for PureJAXRL
     start = time.perf_counter()
-    lowered = jax.jit(jax.vmap(module.make_train(config))).lower(keys)
+    lowered = jax.jit(jax.vmap(train)).lower(keys)
     compiled = lowered.compile()
     compiled_at = time.perf_counter()
     _, metrics = jax.block_until_ready(compiled(keys))
@@ -112,6 +116,7 @@ def worker(algorithm: str, seeds: int, preset: str) -> None:
             {
                 "bench": f"ours_{algorithm}",
                 "num_seeds": seeds,
+                "make_train_s": start - made,
                 "compile_s": compiled_at - start,
                 "run_s": run_s,
                 "steps_per_s": steps * seeds / run_s,
@@ -223,14 +228,17 @@ def main() -> None:
         for round_index in range(args.rounds):
             for seeds in map(int, args.seed_counts.split(",")):
                 jit = [*me, "--seeds", str(seeds)]
+                # XLA's concurrency-optimised scheduler has deadlocked vmapped PPO here: a short timeout.
+                defaults = {**os.environ, "XLA_FLAGS": XLA_DEFAULTS}
                 jobs = [
                     ("jit", lambda: run_result(jit)),
-                    ("jit_xla_scheduler", lambda: run_result(jit, {**os.environ, "XLA_FLAGS": SCHEDULER_ON})),
+                    ("jit_xla_defaults", lambda: run_result(jit, defaults, timeout=300)),
                     ("cli", lambda: cli_run(algorithm, seeds, os.path.join(tmp, f"cache{round_index}-{seeds}"), runs)),
                 ]
                 if purejaxrl:
                     peer = [args.peer_python, PEER_DRIVER, algorithm, "--purejaxrl", purejaxrl, "--seeds", str(seeds)]
                     jobs.append(("purejaxrl", lambda: run_result(peer)))
+                    jobs.append(("purejaxrl_xla_defaults", lambda: run_result(peer, defaults, timeout=300)))
                 if round_index % 2:
                     jobs.reverse()
                 for name, job in jobs:
@@ -258,6 +266,56 @@ def cli_run(algorithm: str, seeds: int, cache_dir: str, runs_dir: str) -> dict:
         "final_return_mean": summary["final_return_mean"],
         "devices": len(summary["devices"]),
     }
+
+
+# (job, label, the PureJAXRL job it is compared with)
+JOBS = (
+    ("jit", "ours, one jit call", "purejaxrl"),
+    ("jit_xla_defaults", "ours, one jit call, XLA defaults", "purejaxrl_xla_defaults"),
+    ("cli", "ours, command line", "purejaxrl"),
+)
+PEERS = (("purejaxrl", "PureJAXRL"), ("purejaxrl_xla_defaults", "PureJAXRL, XLA defaults"))
+
+
+def throughput_table(algorithm: str, records: list) -> list:
+    """Compile seconds and env steps/s of each job per seed count (medians over rounds), and each of
+    ours against PureJAXRL under the same XLA flags (ratios within a round, then their median)."""
+    fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
+    med = lambda rs, k: statistics.median(r[k] for r in rs) if rs else None  # noqa: E731
+    columns = [(job, label) for job, label, _ in JOBS] + list(PEERS)
+    lines = [
+        "",
+        f"## PureJAXRL's CartPole hyperparameters ({PRESET_TEXT[algorithm]})",
+        "",
+        "Medians over rounds; each ratio is taken within a round, against PureJAXRL under the same XLA flags. "
+        "`one jit call`: `jax.jit(jax.vmap(train))` on one device, timed as PureJAXRL is timed (`make_train` "
+        "before the clock), under the command line's XLA flags (older CPU scheduler, optimisation level 1). "
+        "`XLA defaults`: the same under JAX's own flags (the concurrency-optimised scheduler, which has "
+        "deadlocked vmapped PPO here, and optimisation level 3; – where no round finished within 300 s). "
+        "`command line`: "
+        f"`python algorithms/{algorithm}.py` with these hyperparameters (train seconds, one device per core).",
+        "",
+        "| seeds | "
+        + " | ".join(f"{label} compile s | {label} steps/s" for _, label in columns)
+        + " | "
+        + " | ".join(f"{label}: steps/s ratio | compile ratio" for _, label, _ in JOBS)
+        + " |",
+        "|---" * (1 + 2 * len(columns) + 2 * len(JOBS)) + "|",
+    ]
+    for seeds in sorted({r["seeds"] for r in records if r["kind"].startswith("throughput")}):
+        runs = {
+            job: [r for r in records if r["kind"] == f"throughput_{job}" and r["seeds"] == seeds] for job, _ in columns
+        }
+        cells = [
+            f"{fmt(med(runs[j], 'compile_s'), '.2f')} | {fmt(med(runs[j], 'steps_per_s'), ',.0f')}" for j, _ in columns
+        ]
+        for job, _, peer in JOBS:
+            pairs = [(o, t) for o in runs[job] for t in runs[peer] if o["round"] == t["round"]]
+            for key in ("steps_per_s", "compile_s"):
+                ratio = statistics.median(o[key] / t[key] for o, t in pairs) if pairs else None
+                cells.append(fmt(ratio, ".2f"))
+        lines.append(f"| {seeds} | {' | '.join(cells)} |")
+    return lines
 
 
 def write_table(algorithm: str, records: list, path: str) -> None:
@@ -291,43 +349,7 @@ def write_table(algorithm: str, records: list, path: str) -> None:
             "same config as one `jax.jit(jax.vmap(train))` call on one device: "
             f"{cold['steps_per_second'] / mono['steps_per_s']:.2f}x.",
         ]
-    jobs = [("jit", "ours, one jit call"), ("jit_xla_scheduler", "same, XLA scheduler"), ("cli", "ours, command line")]
-    lines += [
-        "",
-        f"## PureJAXRL's CartPole hyperparameters ({PRESET_TEXT[algorithm]})",
-        "",
-        "Medians over rounds; each ratio is taken within a round. `one jit call`: `jax.jit(jax.vmap(train))` "
-        "on one device, timed as PureJAXRL is timed. `XLA scheduler`: the same under XLA's default CPU "
-        "scheduler, which the files turn off because it has deadlocked vmapped PPO here. `command line`: "
-        f"`python algorithms/{algorithm}.py` with these hyperparameters (train seconds, one device per core).",
-        "",
-        "| seeds | "
-        + " | ".join(f"{label} compile s | {label} steps/s" for _, label in jobs)
-        + " | PureJAXRL compile s | PureJAXRL steps/s | "
-        + " | ".join(f"{label} / PureJAXRL" for _, label in jobs)
-        + " |",
-        "|---" * (3 + 3 * len(jobs)) + "|",
-    ]
-    fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
-    med = lambda rs, k: statistics.median(r[k] for r in rs) if rs else None  # noqa: E731
-    for seeds in sorted({r["seeds"] for r in records if r["kind"].startswith("throughput")}):
-        runs = {
-            name: [r for r in records if r["kind"] == f"throughput_{name}" and r["seeds"] == seeds]
-            for name in [j for j, _ in jobs] + ["purejaxrl"]
-        }
-        cells = [
-            f"{fmt(med(runs[j], 'compile_s'), '.2f')} | {fmt(med(runs[j], 'steps_per_s'), ',.0f')}" for j, _ in jobs
-        ]
-        ratios = []
-        for j, _ in jobs:
-            pairs = [(o, t) for o in runs[j] for t in runs["purejaxrl"] if o["round"] == t["round"]]
-            ratios.append(
-                fmt(statistics.median(o["steps_per_s"] / t["steps_per_s"] for o, t in pairs) if pairs else None, ".2f")
-            )
-        lines.append(
-            f"| {seeds} | {' | '.join(cells)} | {fmt(med(runs['purejaxrl'], 'compile_s'), '.2f')} | "
-            f"{fmt(med(runs['purejaxrl'], 'steps_per_s'), ',.0f')} | {' | '.join(ratios)} |"
-        )
+    lines += throughput_table(algorithm, records)
     write_markdown(path, lines)
 
 

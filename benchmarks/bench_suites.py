@@ -1,5 +1,5 @@
-"""What the suite adapters cost: env steps/s of `--env-name SUITE/NAME` through the algorithm
-files' VecEnv (the harness's gymnax wrapper, auto-reset from fresh episodes included) against the
+"""What the suite adapters cost: env steps/s of `--env-name SUITE/NAME` (registered with gymnax by the run
+harness, stepped by the algorithm files' VecEnv, auto-reset from fresh episodes included) against the
 suite's own vmapped step without any reset, at the same number of envs, random actions.
 
     python benchmarks/bench_suites.py                       # every suite installed, 16 and 256 envs
@@ -11,9 +11,9 @@ one's best round):
              no resets (episodes that end keep stepping, as cheap as any step), keys split per step
   adapter    VecEnv from algorithms/ppo.py (ppo_continuous.py for Brax): 64 steps drawn and
              stepped as a rollout does (`presample`, then `step` in a `lax.scan`), every ended
-             episode replaced by a fresh one from the step's pool
-             (one per `envs_per_reset` env steps: several per step, or one every few steps)
-  per-env    the same with one fresh episode per env per step (no pool), for what the pool saves
+             episode replaced by the env's reserved fresh episode, one reserve redrawn per
+             `envs_per_reset` env steps (several per step, or one every few steps)
+  per-env    the same with one fresh episode per env per step (no reserves), for what they save
 And the mean return of a uniformly random policy on each env, the floor learning must beat.
 Writes results/suites_<backend>.{md,jsonl}.
 """
@@ -196,8 +196,8 @@ def write_table(records: list, randoms: list, path: str, about: str) -> None:
         f"Random actions, {STEPS} steps per jitted call (best of the rounds, compile apart). suite: the raw env's "
         "vmapped step, no resets, its keys split at every step as a plain loop does (VecEnv draws a rollout's "
         "keys in one batched call, which on CPU can make the adapter the faster of the two). adapter: "
-        "`--env-name SUITE/NAME` through VecEnv, auto-reset included, with the fresh-episode pool the adapter "
-        "declares. per-env: the same with a fresh episode drawn for every "
+        "`--env-name SUITE/NAME` through VecEnv, auto-reset included, each env starting its reserved fresh episode, "
+        "one reserve redrawn per `envs_per_reset` env steps. per-env: the same with a fresh episode drawn for every "
         "env at every step. Cost: 1 - adapter / suite.",
         "",
         "| env | envs | fresh episodes per step | suite steps/s | adapter steps/s | cost | per-env steps/s |",
