@@ -121,6 +121,7 @@ def algorithm_of(item) -> str | None:
     return max(matches, key=len, default=None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups given here
 def pytest_collection_modifyitems(items):
     """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py, its
     PPO_ONLY tests of the harness alone that run for ppo.py only (CI's time budget).
@@ -137,8 +138,8 @@ def pytest_collection_modifyitems(items):
                 pytest.mark.skip(reason="the harness's behaviour, the same text in every file: tested on ppo.py")
             )
         if algorithm is not None:
-            # The command-line tests share subprocess runs, not in-process programs: a group of their own.
-            prefix = "cli-" if item.module.__name__ == "test_cli" else ""
+            # The command-line and sharding tests share subprocess runs, not in-process programs: groups of their own.
+            prefix = {"test_cli": "cli-", "test_sharding": "sharding-"}.get(item.module.__name__, "")
             item.add_marker(pytest.mark.xdist_group(prefix + algorithm))
 
 

@@ -31,9 +31,15 @@ SHARDED_FILES = ("ppo", "sac")
 
 
 @pytest.fixture(scope="module", params=[n for n in SHARDED_FILES if (ROOT / "algorithms" / f"{n}.py").exists()])
-def runs(request, tmp_path_factory):
+def name(request) -> str:
+    """The file under test; named `name` so that conftest keeps its tests in one xdist worker, which
+    then makes the runs below once, not once per worker."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def runs(name, tmp_path_factory):
     """metrics.npz and params.msgpack of the same runs on 1, 2 and 4 devices."""
-    name = request.param
 
     # Directories made here, not in the threads: tmp_path_factory is not thread-safe.
     dirs = {
