@@ -1,7 +1,8 @@
 """The test suite's own plumbing: under pytest-xdist the tests of one algorithm run in one worker
 (conftest.py groups them; pytest.ini asks for `--dist loadgroup`), so each worker compiles an
-algorithm's small programs once. If grouping stops working, nothing fails but CI's time doubles:
-pytest 9.2 broke it silently (pytest-xdist#1386), hence this test."""
+algorithm's small programs once. If grouping stops working, nothing fails but CI's time grows; it
+stopped twice, silently: conftest's hook ran after xdist's had read the groups (now `tryfirst`),
+and pytest 9.2 ignores the node ids xdist rewrites (pytest-xdist#1386; requirements-test.txt)."""
 
 import os
 
