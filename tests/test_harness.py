@@ -72,7 +72,7 @@ def test_run_dir_and_config_exist_before_compiling(tmp_path, capsys, monkeypatch
     ppo = load_algorithm("ppo")
     seen = {}
 
-    def compile_programs(algo, config, train, plan):
+    def compile_programs(algo, config, train, plan, population):
         seen["dirs"] = list(tmp_path.iterdir())
         seen["files"] = sorted(p.name for p in seen["dirs"][0].iterdir()) if seen["dirs"] else []
         raise KeyboardInterrupt  # stop here: this test is about what exists before compiling

@@ -2,9 +2,9 @@
 
 XLA can split the host CPU into N devices (--xla_force_host_platform_device_count), which must
 be set before jax starts, so each case is a command-line run in its own process. 3 seeds x 2
-sweep points = 6 runs: 2 devices hold 3 runs each, 4 devices need padding to 8. Each run has a
-timeout: XLA on CPU has deadlocked multi-device programs here (see ppo.py's init), and a hang must
-fail the test rather than stall CI.
+sweep points = 6 runs: 2 devices hold 3 runs each, 4 devices need padding to 8; ppo.py's are a
+--pbt population. Each run has a timeout: XLA on CPU has deadlocked multi-device programs here (see
+ppo.py's init), and a hang must fail the test rather than stall CI.
 """
 
 import concurrent.futures
@@ -23,6 +23,9 @@ pytestmark = pytest.mark.slow
 
 # Each file's small command-line run (test_cli.ALGORITHMS), with 3 seeds and 2 sweep points.
 SHARDED = ("--num-seeds", "3", "--sweep", "lr=1e-3,3e-3", "--quiet")
+# ppo.py's 6 runs are a --pbt population: its exploit steps copy members across devices (and never
+# from the padding of the 4-device runs).
+POPULATION = {"ppo": ("--pbt", "--pbt-interval", "2", "--pbt-fraction", "0.5")}
 # The sharding code is the harness, the same text in every file, and it shards whatever runner a
 # file's train returns: ppo.py (on-policy) and sac.py (replay buffer, several networks and
 # optimizers) stand for the rest, to keep CI within its budget. Every file's own command-line
@@ -60,6 +63,7 @@ def runs(name, tmp_path_factory):
                     str(ROOT / "algorithms" / f"{name}.py"),
                     *ALGORITHMS[name].small,
                     *SHARDED,
+                    *POPULATION.get(name, ()),
                     "--runs-dir",
                     str(runs_dir),
                 ],
@@ -107,3 +111,7 @@ def test_sharded_runs_equal_single_device_runs(runs, devices):
     for path, leaf in _leaves(params):
         assert leaf.shape[:2] == (2, 3), path  # [sweep point, seed]: the padding is gone
         np.testing.assert_allclose(leaf, single_leaves[path], rtol=rtol, atol=atol, err_msg=path)
+    if "pbt_copied_from" in metrics:  # a population: some member copied one held by another device
+        copied = metrics["pbt_copied_from"].reshape(6, -1)
+        members, _ = np.nonzero(copied >= 0)
+        assert (members // 3 != copied[copied >= 0] // 3).any(), "no copy between the 2 devices' halves"

@@ -18,15 +18,16 @@ CHECKPOINT = "checkpoint.msgpack"
 
 
 def saved_config(algo, option: str, run_dir: str, config, sweep: dict, given: set):
-    """The Config and sweep a run directory was trained with; of the flags given now, only those
-    that cannot change the compiled program or the results so far may differ."""
+    """The Config, sweep and --pbt settings (config.json's "pbt", None without) a run directory was
+    trained with; of the flags given now, only those that cannot change the compiled program or the
+    results so far may differ."""
     try:
         with open(os.path.join(run_dir, "config.json")) as f:
             saved = json.load(f)
     except (OSError, ValueError) as error:
         raise UsageError(f"{option} {run_dir}: no readable config.json there ({error})") from None
     fields = {field.name for field in dataclasses.fields(algo.Config)}
-    saved_sweep = saved.pop("sweep", {})
+    saved_sweep, saved_pbt = saved.pop("sweep", {}), saved.pop("pbt", None)
     result = algo.Config(**{name: value for name, value in saved.items() if name in fields})
     may_change = {"--resume": {"total_timesteps"}, "--eval-only": {"eval_episodes"}}[option]
     for name in sorted(given & fields):
@@ -39,7 +40,10 @@ def saved_config(algo, option: str, run_dir: str, config, sweep: dict, given: se
             result = dataclasses.replace(result, **{name: getattr(config, name)})
     if "sweep" in given and sweep != saved_sweep:
         raise UsageError(f"--sweep cannot change with {option} (the run swept {saved_sweep})")
-    return result, saved_sweep
+    pbt_options = sorted(name for name in given if name.startswith("pbt"))
+    if pbt_options:
+        raise UsageError(f"--{flag(pbt_options[0])} cannot change with {option}: the run's own are in its config.json")
+    return result, saved_sweep, saved_pbt
 
 
 def save_checkpoint(job, plan: RunPlan, runner, log: TrainingLog) -> int | None:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import pbt
 from .plan import RunPlan
 from .stats import nanmean
 
@@ -47,18 +48,18 @@ def chunk_updates(train, chunk: int, num_updates: int) -> Callable:
     return run
 
 
-def compile_programs(algo, config, train, plan: RunPlan):
-    """The first runners (on the devices) and the compiled programs that train and evaluate them."""
+def compile_programs(algo, config, train, plan: RunPlan, population: pbt.Settings | None = None):
+    """The first runners (on the devices) and the compiled programs that train and evaluate them.
+    With --pbt a chunk is one PBT interval, ending with the exploit/explore step."""
     # Initialisation runs on one device and is then spread out: flax's orthogonal init (a LAPACK
     # QR) deadlocked XLA:CPU when executed on several devices at once. It is cheap either way.
     runner = jax.device_put(jax.jit(jax.vmap(train.init))(plan.keys, plan.hparams), plan.sharding)
-    chunk = max(1, math.ceil(config.num_updates / 10))  # ~10 progress reports
+    chunk = population.interval if population else max(1, math.ceil(config.num_updates / 10))  # ~10 reports
+    run = jax.vmap(chunk_updates(train, chunk, config.num_updates), (0, None))
+    if population is not None:
+        run = pbt.with_exploit(run, population, config.num_updates, algo, config)
     # The runners are donated: each chunk updates them (replay buffers included) in place.
-    run = jax.jit(
-        jax.vmap(chunk_updates(train, chunk, config.num_updates), (0, None)),
-        out_shardings=plan.sharding,
-        donate_argnums=0,
-    )
+    run = jax.jit(run, out_shardings=plan.sharding, donate_argnums=0)
     evaluate = jax.jit(jax.vmap(algo.make_evaluate(config)), out_shardings=plan.sharding)
     run = run.lower(runner, jnp.int32(0)).compile()
     jax.block_until_ready(runner)
@@ -135,17 +136,21 @@ def record_chunk(config, plan: RunPlan, log: TrainingLog, first: int, metrics: d
 
 
 def progress_reporter(config, plan: RunPlan, log: TrainingLog, say: Callable, tracker) -> Callable:
-    """What happens to each chunk's metrics once on the host: a progress line, and the tracker."""
+    """What happens to each chunk's metrics once on the host: the tracker, and a progress line
+    for each tenth of the run a chunk completes (--pbt's chunks may be shorter)."""
+    tenth = math.ceil(config.num_updates / 10)
 
     def report(metrics: dict) -> None:
+        if tracker is not None:
+            tracker.log(metrics)
         done, seconds = log.num_updates, log.seconds
+        if done < config.num_updates and done // tenth == (done - metrics["episode_return"].shape[-1]) // tenth:
+            return
         steps = done * config.steps_per_update
         say(
             f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
             f"return {nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s"
         )
-        if tracker is not None:
-            tracker.log(metrics)
 
     return report
 

@@ -112,6 +112,64 @@ OPTIONS = (
     ),
     ("output", "--wandb-project", None, dict(help="the W&B project of --track wandb (default: the algorithm's name)")),
     ("output", "--quiet", False, dict(action="store_true", help="print only the results directory")),
+    (
+        "population-based training (docs/pbt.md)",
+        "--pbt",
+        False,
+        dict(
+            action="store_true",
+            help="the runs (seeds x sweep points) are one population: every --pbt-interval updates the weakest copy "
+            "the fittest, in the compiled program, and perturb their hyperparameters",
+        ),
+    ),
+    (
+        "population-based training (docs/pbt.md)",
+        "--pbt-interval",
+        0,
+        dict(type=integer, metavar="UPDATES", help="updates between exploit/explore steps (0: a twentieth of the run)"),
+    ),
+    (
+        "population-based training (docs/pbt.md)",
+        "--pbt-fraction",
+        0.25,
+        dict(type=float, help="the weakest share of members that copy one of the same share of the fittest"),
+    ),
+    (
+        "population-based training (docs/pbt.md)",
+        "--pbt-fields",
+        None,
+        dict(metavar="FIELD,...", help="the HParams fields explore changes, of SWEEPABLE (default: learning rates)"),
+    ),
+    (
+        "population-based training (docs/pbt.md)",
+        "--pbt-bounds",
+        [],
+        dict(
+            action="append",
+            metavar="FIELD=LOW,HIGH",
+            help="the range a perturbed field stays in (default for a learning rate: a tenth of its lowest start "
+            "value to ten times its highest; other fields need one with multiply)",
+        ),
+    ),
+    (
+        "population-based training (docs/pbt.md)",
+        "--pbt-perturb",
+        "multiply",
+        dict(
+            choices=("multiply", "resample"),
+            help="explore: multiply by 0.8 or 1.2, or draw one of the field's start values (its --sweep values)",
+        ),
+    ),
+    (
+        "population-based training (docs/pbt.md)",
+        "--pbt-fitness",
+        "return",
+        dict(
+            choices=("return", "greedy"),
+            help="return: the mean return of the episodes a member finished in the interval; greedy: a greedy "
+            "evaluation of --eval-episodes episodes",
+        ),
+    ),
 )
 
 

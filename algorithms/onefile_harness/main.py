@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from . import checkpoints, plan, protocol, rundir, suites, xla
+from . import checkpoints, pbt, plan, protocol, rundir, suites, xla
 from .chunks import Programs, TrainingLog, compile_programs, progress_reporter, train_in_chunks
 from .cli import parse_args
 from .evaluation import drawable_env, evaluate_saved
@@ -33,6 +33,7 @@ class Job(NamedTuple):
     run_dir: str | None  # None on every host but host 0
     checkpoint: dict | None  # what --resume continues from
     params: Any  # what --eval-only evaluates
+    pbt: pbt.Settings | None  # --pbt's settings; None without
 
     @property
     def program(self) -> str:
@@ -71,17 +72,23 @@ def prepare(algo: Algorithm, doc: str, argv: Sequence[str] | None, is_host_0: bo
     if args.render and not args.eval_only:
         raise UsageError("--render draws a trained policy: use it with --eval-only RUN_DIR")
     sweep = plan.parse_sweep(algo, args.sweep)
-    source = args.resume or args.eval_only
+    source, population = args.resume or args.eval_only, None
     if source:
-        config, sweep = checkpoints.saved_config(
+        config, sweep, population = checkpoints.saved_config(
             algo, "--resume" if args.resume else "--eval-only", source, config, sweep, given
         )
     algo.validate(config)
     suites.register(config.env_name)
     points = plan.sweep_points(algo, config, sweep)
+    if population is not None:
+        population = pbt.Settings.from_json(population)
+    elif not source:
+        population = pbt.settings_from(algo, config, args, given, points)
     train = algo.make_train(config)  # builds the env: an unknown one, or one of the wrong action kind, stops here
     if not args.eval_only:
         plan.check_memory(algo, config, train, len(points) * config.num_seeds)
+    if population is not None:
+        pbt.check_runner(algo, config, train)
     if args.render:
         drawable_env(algo, config.env_name)
     if args.track:
@@ -90,17 +97,19 @@ def prepare(algo: Algorithm, doc: str, argv: Sequence[str] | None, is_host_0: bo
             raise UsageError(f"--track {args.track} needs {module}: pip install {module}")
     checkpoint = checkpoints.load_checkpoint(algo, source, config) if args.resume else None
     params = checkpoints.load_params(source) if args.eval_only else None
-    run_dir = source or (rundir.create_run_dir(algo.name, args.runs_dir, config, sweep) if is_host_0 else None)
+    run_dir = source or (
+        rundir.create_run_dir(algo.name, args.runs_dir, config, sweep, population) if is_host_0 else None
+    )
     if args.resume and is_host_0:  # the run's config.json says what it now trains for
-        rundir.write_file(os.path.join(source, "config.json"), rundir.config_json(config, sweep))
-    return Job(algo, config, sweep, points, args, train, run_dir if is_host_0 else None, checkpoint, params)
+        rundir.write_file(os.path.join(source, "config.json"), rundir.config_json(config, sweep, population))
+    return Job(algo, config, sweep, points, args, train, run_dir if is_host_0 else None, checkpoint, params, population)
 
 
 def train(job: Job, runs: plan.RunPlan, say: Callable) -> int:
     """Compiles, restores a checkpoint if resuming, trains in chunks, then finishes the run."""
     announce(job, runs, say)
     start = time.perf_counter()
-    runner, programs = compile_programs(job.algo, job.config, job.train, runs)
+    runner, programs = compile_programs(job.algo, job.config, job.train, runs, job.pbt)
     seconds = {"compile": time.perf_counter() - start}
     say(f"compiled in {seconds['compile']:.1f} s")
     log = TrainingLog()
@@ -135,6 +144,13 @@ def announce(job: Job, runs: plan.RunPlan, say: Callable) -> None:
             "steps go on at their schedule, drawing from what it holds"
         )
         say(f"resuming {job.run_dir} after update {int(job.checkpoint['updates_done'])}{buffer}")
+    if job.pbt is not None:
+        settings = job.pbt
+        say(
+            f"population-based training: every {settings.interval} updates the weakest {settings.fraction:.0%} copy "
+            f"one of the fittest {settings.fraction:.0%} (fitness: {settings.fitness}) and {settings.perturb} "
+            + ", ".join(map(protocol.flag, settings.fields))
+        )
     if config.total_timesteps % config.steps_per_update:
         say(
             f"note: total_timesteps {config.total_timesteps:,} is not a multiple of the {config.steps_per_update} "
@@ -187,9 +203,23 @@ def report(summary: dict, num_seeds: int, say: Callable) -> None:
             f"{show(interval[1])}) over {num_seeds} seeds (episodes ending in the last 5% of training), greedy eval "
             f"{show(point['eval_return_mean'])}"
         )
+    if "pbt" in summary:
+        report_population(summary["pbt"], say, show)
     say(
         f"compile {summary['compile_seconds']:.1f} s, train {summary['train_seconds']:.1f} s "
         f"({summary['steps_per_second']:,.0f} env steps/s), eval {summary['eval_seconds']:.1f} s"
+    )
+
+
+def report_population(population: dict, say: Callable, show: Callable) -> None:
+    best = population["best_member"]
+    say(
+        f"population-based training: {population['copies']} copies in {population['exploit_steps']} exploit steps; "
+        f"fittest member {best['index']} (started at {point_label(best['sweep_point']) or 'the config'}, seed "
+        f"{best['seed_index']}): return {show(best['final_return'])}, greedy eval {show(best['eval_return'])}, ending "
+        "at "
+        + ", ".join(f"{name}={best['hparams'][name]:g}" for name in population["fields"])
+        + f"; median member: return {show(population['median_final_return'])}"
     )
 
 

@@ -17,7 +17,9 @@ the names below, and refuses a file whose HARNESS_PROTOCOL is not this module's 
     make_train(config)   -> train(rng, hparams=None) -> (runner, metrics), the whole run, with
                          train.init(rng, hparams) -> runner and
                          train.update(runner, update_index) -> (runner, metrics of that update).
-                         The runner is a NamedTuple; a field named `buffer` is the replay buffer.
+                         The runner is a NamedTuple; a field named `buffer` is the replay buffer;
+                         --pbt needs `rng` (the run's key, which a member keeps when it copies
+                         another) and `hparams` (the HParams every update reads, which explore changes).
                          Metrics include env_steps, episode_return, episodes_finished and finite
     saved_params(runner) what params.msgpack holds and make_evaluate's evaluate takes
     make_evaluate(config) -> evaluate(params, rng) -> the mean return of eval_episodes greedy episodes

@@ -15,17 +15,18 @@ import jax
 import numpy as np
 from flax import serialization
 
+from . import pbt
 from .plan import RunPlan, run_devices
 from .protocol import UsageError
 from .stats import bootstrap_interval, final_returns, iqm, learning_curves_png, nanmean, number
 
 
-def create_run_dir(algorithm: str, runs_dir: str, config, sweep: dict) -> str:
+def create_run_dir(algorithm: str, runs_dir: str, config, sweep: dict, pbt=None) -> str:
     """A new directory under `runs_dir` holding config.json, made before anything compiles; a
     `runs_dir` that cannot hold it is a UsageError. Never reuses a directory."""
     try:
         run_dir = new_run_dir(algorithm, runs_dir, config.env_name)
-        write_file(os.path.join(run_dir, "config.json"), config_json(config, sweep))
+        write_file(os.path.join(run_dir, "config.json"), config_json(config, sweep, pbt))
     except OSError as error:
         raise UsageError(
             f"--runs-dir {runs_dir}: cannot write a run directory there ({error.strerror or error})"
@@ -33,8 +34,10 @@ def create_run_dir(algorithm: str, runs_dir: str, config, sweep: dict) -> str:
     return run_dir
 
 
-def config_json(config, sweep: dict) -> bytes:
-    return json.dumps({**dataclasses.asdict(config), "sweep": sweep}, indent=2).encode()
+def config_json(config, sweep: dict, pbt=None) -> bytes:
+    """The Config's fields, the sweep, and the --pbt settings when there are any."""
+    extra = {} if pbt is None else {"pbt": pbt.as_json()}
+    return json.dumps({**dataclasses.asdict(config), "sweep": sweep, **extra}, indent=2).encode()
 
 
 def new_run_dir(algorithm: str, runs_dir: str, env_name: str) -> str:
@@ -75,11 +78,14 @@ def write_results(job, plan: RunPlan, metrics: dict, eval_returns, params, summa
     if params is not None:
         write_file(os.path.join(job.run_dir, "params.msgpack"), serialization.to_bytes(params))
     write_json(os.path.join(job.run_dir, "summary.json"), summary)
-    try:
-        png = learning_curves_png(job.algo.name, metrics, plan.points, plan.num_seeds)
-        write_file(os.path.join(job.run_dir, "learning_curve.png"), png)
-    except Exception as error:  # everything else is written: a broken plot must not cost the run
-        print(f"{job.program}: warning: could not draw learning_curve.png ({error})", file=sys.stderr)
+    plots = {"learning_curve.png": lambda: learning_curves_png(job.algo.name, metrics, plan.points, plan.num_seeds)}
+    if job.pbt is not None:
+        plots["pbt.png"] = lambda: pbt.trajectories_png(job.algo.name, metrics, job.pbt)
+    for name, draw in plots.items():
+        try:
+            write_file(os.path.join(job.run_dir, name), draw())
+        except Exception as error:  # everything else is written: a broken plot must not cost the run
+            print(f"{job.program}: warning: could not draw {name} ({error})", file=sys.stderr)
 
 
 def point_figures(point: dict, final: np.ndarray, eval_returns) -> dict:
@@ -121,6 +127,8 @@ def summarise(job, plan: RunPlan, metrics: dict, eval_returns, seconds: dict) ->
     }
     if plan.points != [{}]:
         summary.update(best_sweep_point=plan.points[best], sweep=per_point)
+    if job.pbt is not None:
+        summary["pbt"] = pbt.summarise(job.pbt, metrics, eval_returns, plan.points, plan.num_seeds)
     nonfinite = first_nonfinite(config, plan, metrics)
     if nonfinite:
         summary["nonfinite"] = nonfinite
