@@ -63,7 +63,7 @@ OPTIONS = (
         dict(
             type=integer,
             metavar="CHUNKS",
-            help="also write it every CHUNKS chunks of ~10%% of training (0: only at the end)",
+            help="also write it every CHUNKS chunks of ~10%% of training, or of --pbt-interval (0: only at the end)",
         ),
     ),
     (

@@ -180,8 +180,11 @@ def explore(values, draws, settings: Settings):
 
 def exploit_explore(runner, fitness, key, settings: Settings, active):
     """The runners [runs, ...] after the step (none changes where `active` is False), and
-    copied_from [runs]: the member each copied, -1 where none. Runs past `num_members` are the
-    devices' padding: never copied, and they copy nothing."""
+    copied_from [runs]: the member each copied, -1 where none. Only the rows of members that copy
+    are written (at most fraction x members, a number known when compiling), in place in the
+    donated runners: a copy of the whole population, replay buffers and all, would cost its time
+    and its memory every interval. Runs past `num_members` are the devices' padding: never copied,
+    and they copy nothing."""
     members, runs = settings.num_members, fitness.shape[0]
     pick_key, perturb_key = jax.random.split(key)
     values = jnp.stack([getattr(runner.hparams, field) for field in settings.fields], axis=1)
@@ -192,12 +195,16 @@ def exploit_explore(runner, fitness, key, settings: Settings, active):
         jax.random.uniform(perturb_key, (members, len(settings.fields))),
         settings,
     )
-    itself = jnp.arange(runs)
-    source = jnp.where(active, jnp.concatenate([source, itself[members:]]), itself)
-    new_values = jnp.where(active, jnp.concatenate([new_values, values[members:]]), values)
-    moved = jax.tree.map(lambda leaf: jnp.take(leaf, source, axis=0), runner)
-    hparams = moved.hparams._replace(**{field: new_values[:, i] for i, field in enumerate(settings.fields)})
-    return moved._replace(rng=runner.rng, hparams=hparams), jnp.where(source != itself, source, -1)
+    copies = active & (source != jnp.arange(members))
+    # The members that copy, then unused slots past the last run, which the writes below drop.
+    (rows,) = jnp.nonzero(copies, size=int(settings.fraction * members), fill_value=runs)
+    member = jnp.minimum(rows, members - 1)  # a valid index to read for every slot
+    sources = source[member]
+    write = lambda leaf, value: leaf.at[rows].set(value, mode="drop")  # noqa: E731
+    moved = jax.tree.map(lambda leaf: write(leaf, leaf[sources]), runner._replace(rng=None))  # its own key stays
+    explored = {f: write(getattr(moved.hparams, f), new_values[member, i]) for i, f in enumerate(settings.fields)}
+    copied_from = write(jnp.full(runs, -1, jnp.int32), sources.astype(jnp.int32))
+    return moved._replace(rng=runner.rng, hparams=moved.hparams._replace(**explored)), copied_from
 
 
 def interval_fitness(metrics: dict):
