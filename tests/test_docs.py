@@ -92,13 +92,12 @@ def run(command: str, cwd, cache_dir, timeout: int = 600) -> subprocess.Complete
 
 
 # The commands run to the end (the others are each covered elsewhere with smaller budgets: the
-# suites by test_suites.py, tracking, evaluation and rendering by test_tracking.py).
+# suites by test_suites.py, tracking, evaluation and rendering by test_tracking.py, other envs, seeds
+# and learning rates by test_cli.py and test_learning.py, --pbt by test_pbt.py).
 RUN_TO_THE_END = (
     "python algorithms/ppo.py --help",
-    "python algorithms/ppo.py --env-name Acrobot-v1 --num-seeds 16 --lr 1e-3",
     "python algorithms/ppo.py --checkpoint-every 2",
     "python algorithms/ppo.py --resume runs/ppo-CartPole-v1-<time>",
-    "python algorithms/ppo.py --track tensorboard",
 )
 
 
