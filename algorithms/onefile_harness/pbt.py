@@ -60,20 +60,7 @@ def settings_from(algo: Algorithm, config, args, given: set, points: list) -> Se
             raise UsageError(f"--{flag(options[0])} needs --pbt")
         return None
     members = len(points) * config.num_seeds
-    if members < 2:
-        raise UsageError("--pbt: a population of 1 run; give --num-seeds 2 or more, or a --sweep")
-    interval = args.pbt_interval or max(1, config.num_updates // 20)
-    if not 1 <= interval < config.num_updates:
-        raise UsageError(
-            f"--pbt-interval {interval}: must be 1 to {config.num_updates - 1} updates (the run has "
-            f"{config.num_updates}), so that members are compared before the run ends"
-        )
-    fraction = args.pbt_fraction
-    if not 0 <= fraction <= 0.5 or (fraction > 0 and int(fraction * members) == 0):
-        raise UsageError(
-            f"--pbt-fraction {fraction:g}: must be 0 to 0.5, and at least 1/{members} to replace a member "
-            f"of this population of {members}"
-        )
+    interval, fraction = schedule(config, args, members)
     fields = perturbed_fields(algo, args.pbt_fields)
     starts = {field: sorted({point.get(field, getattr(config, field)) for point in points}) for field in fields}
     if args.pbt_perturb == "resample":
@@ -95,6 +82,25 @@ def settings_from(algo: Algorithm, config, args, given: set, points: list) -> Se
         num_members=members,
         seed=config.seed,
     )
+
+
+def schedule(config, args, members: int) -> tuple[int, float]:
+    """(--pbt-interval, --pbt-fraction) checked against the run's length and the population's size."""
+    if members < 2:
+        raise UsageError("--pbt: a population of 1 run; give --num-seeds 2 or more, or a --sweep")
+    interval = args.pbt_interval or max(1, config.num_updates // 20)
+    if not 1 <= interval < config.num_updates:
+        raise UsageError(
+            f"--pbt-interval {interval}: must be 1 to {config.num_updates - 1} updates (the run has "
+            f"{config.num_updates}), so that members are compared before the run ends"
+        )
+    fraction = args.pbt_fraction
+    if not 0 <= fraction <= 0.5 or (fraction > 0 and int(fraction * members) == 0):
+        raise UsageError(
+            f"--pbt-fraction {fraction:g}: must be 0 to 0.5, and at least 1/{members} to replace a member "
+            f"of this population of {members}"
+        )
+    return interval, fraction
 
 
 def perturbed_fields(algo: Algorithm, text: str | None) -> tuple:
