@@ -87,7 +87,7 @@ def prepare(algo: Algorithm, doc: str, argv: Sequence[str] | None, is_host_0: bo
     train = algo.make_train(config)  # builds the env: an unknown one, or one of the wrong action kind, stops here
     if not args.eval_only:
         plan.check_memory(algo, config, train, len(points) * config.num_seeds)
-    if population is not None:
+    if population is not None and not args.eval_only:
         pbt.check_runner(algo, config, train)
     if args.render:
         drawable_env(algo, config.env_name)

@@ -21,12 +21,12 @@ from .protocol import UsageError
 from .stats import bootstrap_interval, final_returns, iqm, learning_curves_png, nanmean, number
 
 
-def create_run_dir(algorithm: str, runs_dir: str, config, sweep: dict, pbt=None) -> str:
+def create_run_dir(algorithm: str, runs_dir: str, config, sweep: dict, population=None) -> str:
     """A new directory under `runs_dir` holding config.json, made before anything compiles; a
     `runs_dir` that cannot hold it is a UsageError. Never reuses a directory."""
     try:
         run_dir = new_run_dir(algorithm, runs_dir, config.env_name)
-        write_file(os.path.join(run_dir, "config.json"), config_json(config, sweep, pbt))
+        write_file(os.path.join(run_dir, "config.json"), config_json(config, sweep, population))
     except OSError as error:
         raise UsageError(
             f"--runs-dir {runs_dir}: cannot write a run directory there ({error.strerror or error})"
@@ -34,9 +34,9 @@ def create_run_dir(algorithm: str, runs_dir: str, config, sweep: dict, pbt=None)
     return run_dir
 
 
-def config_json(config, sweep: dict, pbt=None) -> bytes:
-    """The Config's fields, the sweep, and the --pbt settings when there are any."""
-    extra = {} if pbt is None else {"pbt": pbt.as_json()}
+def config_json(config, sweep: dict, population=None) -> bytes:
+    """The Config's fields, the sweep, and the --pbt settings (a pbt.Settings) when there are any."""
+    extra = {} if population is None else {"pbt": population.as_json()}
     return json.dumps({**dataclasses.asdict(config), "sweep": sweep, **extra}, indent=2).encode()
 
 
