@@ -7,6 +7,7 @@ command line's XLA set-up explicitly (the run harness's), before any test starts
 The run harness, algorithms/onefile_harness, is imported as a package from algorithms/.
 """
 
+import collections
 import importlib.util
 import os
 import pathlib
@@ -122,11 +123,17 @@ def algorithm_of(item) -> str | None:
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups given here
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py, its
     PPO_ONLY tests of the harness alone that run for ppo.py only (CI's time budget).
     Under pytest-xdist (`--dist loadgroup`, pytest.ini) the tests of one algorithm run in one
     worker, so each small program is compiled once (the _SHARED cache is per process)."""
+    mark_slow_and_group(items)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order in which groups are handed out
+        costliest_groups_first(items)
+
+
+def mark_slow_and_group(items) -> None:
     for item in items:
         slow_except_ppo = getattr(item.module, "SLOW_EXCEPT_PPO", ())
         ppo_only = getattr(item.module, "PPO_ONLY", ())
@@ -141,6 +148,17 @@ def pytest_collection_modifyitems(items):
             # The command-line and sharding tests share subprocess runs, not in-process programs: groups of their own.
             prefix = {"test_cli": "cli-", "test_sharding": "sharding-"}.get(item.module.__name__, "")
             item.add_marker(pytest.mark.xdist_group(prefix + algorithm))
+
+
+def costliest_groups_first(items) -> None:
+    """pytest-xdist hands each worker one group at a time, in the order of `items` (pytest.ini turns
+    off its own reordering by group size): the costliest groups go first, so that the last ones
+    to finish are short and no worker waits long for the other. A slow test costs ten others."""
+    group = lambda item: mark.args[0] if (mark := item.get_closest_marker("xdist_group")) else item.nodeid  # noqa: E731
+    cost = collections.Counter()
+    for item in items:
+        cost[group(item)] += 10 if item.get_closest_marker("slow") else 1
+    items.sort(key=lambda item: -cost[group(item)])  # stable: each group's tests keep their order
 
 
 def numpy_mlp(params, x):

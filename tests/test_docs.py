@@ -55,6 +55,7 @@ def finished_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.xdist_group("docs-finished-run")  # one pytest-xdist worker makes finished_run once
 @pytest.mark.parametrize("where, command", algorithm_commands(), ids=lambda x: x if x.endswith(".md") else "")
 def test_every_documented_command_is_accepted(where, command, finished_run, tmp_path, monkeypatch):
     """The command's options pass every check the harness makes before compiling."""

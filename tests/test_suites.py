@@ -65,6 +65,10 @@ def check_episode(steps, before, noise, vec, raw, end: int, how: str) -> None:
     np.testing.assert_array_equal(np.diff(before.time[:end, 0]), 1)  # one time step per step until then
 
 
+# The tests of one suite's fixture below share its compiled programs: they run in one pytest-xdist worker.
+ONE_WORKER = pytest.mark.xdist_group("suite-fixtures")
+
+
 def with_limit(vec, limit: int):
     vec.params = vec.params.replace(max_steps_in_episode=limit)
     return vec
@@ -100,6 +104,7 @@ def xminigrid_run():
     return run
 
 
+@ONE_WORKER
 def test_xminigrid_goal_is_a_termination(xminigrid_run):
     actions = [0, 0, 1, 0, 0, 2, 2]  # forward twice, turn right, forward twice: the goal at the 5th step
     steps, before, noise, vec, raw = xminigrid_run(actions)
@@ -107,6 +112,7 @@ def test_xminigrid_goal_is_a_termination(xminigrid_run):
     check_episode(steps, before, noise, vec, raw, end=5, how="terminated")
 
 
+@ONE_WORKER
 def test_xminigrid_step_limit_is_a_truncation(xminigrid_run):
     """The suite's own limit (100 steps: a last step with discount 1) becomes gymnax's truncation."""
     steps, before, noise, vec, raw = xminigrid_run([1] + [2] * 100)  # turning on the spot
@@ -114,6 +120,7 @@ def test_xminigrid_step_limit_is_a_truncation(xminigrid_run):
     check_episode(steps, before, noise, vec, raw, end=100, how="truncated")
 
 
+@ONE_WORKER
 def test_xminigrid_limit_at_the_goal_step_is_a_termination_only(xminigrid_run):
     steps, before, noise, vec, raw = xminigrid_run([0, 0, 1, 0, 0, 2], limit=5)
     check_episode(steps, before, noise, vec, raw, end=5, how="terminated")
@@ -152,6 +159,7 @@ def brax_run():
 
 
 @pytest.mark.slow
+@ONE_WORKER
 def test_brax_pole_falling_is_a_termination(brax_run):
     steps, before, noise, vec, raw = brax_run([1.0] * 40)  # full push: the pole falls
     end = int(np.argmax(raw[2])) + 1
@@ -160,6 +168,7 @@ def test_brax_pole_falling_is_a_termination(brax_run):
 
 
 @pytest.mark.slow
+@ONE_WORKER
 def test_brax_time_limit_is_a_truncation(brax_run):
     steps, before, noise, vec, raw = brax_run([0.0] * 8, limit=6)  # no push: upright for 6 steps
     assert not np.any(raw[2][:6])
@@ -215,6 +224,7 @@ def craftax_run():
 
 
 @pytest.mark.slow
+@ONE_WORKER
 def test_craftax_death_is_a_termination(craftax_run):
     # Noop, then a move right (+y) onto the lava put there, then noops.
     steps, before, noise, vec, raw = craftax_run([0, 2, 0, 0], lava_ahead=True)
@@ -223,6 +233,7 @@ def test_craftax_death_is_a_termination(craftax_run):
 
 
 @pytest.mark.slow
+@ONE_WORKER
 def test_craftax_own_time_limit_is_a_truncation(craftax_run):
     """Craftax ends an episode at 10,000 steps as a game over (discount 0): here it is truncated."""
 
@@ -274,13 +285,15 @@ def test_a_missing_suite_exits_2_with_the_pip_line(monkeypatch, capsys, tmp_path
 @pytest.mark.parametrize(
     ("name", "env_name", "message"),
     [
-        ("ppo", "brax/hopper", "brax/hopper has continuous actions; ppo.py takes discrete"),
         ("sac", "xminigrid/MiniGrid-Empty-5x5", "MiniGrid-Empty-5x5 has discrete actions; sac.py takes continuous"),
         ("ppo", "gym/CartPole-v1", "unknown suite 'gym'"),
         ("ppo", "xminigrid/XLand-MiniGrid-R1-9x9", "XLand-* tasks need a ruleset"),
     ],
 )
 def test_a_wrong_suite_or_name_exits_2(name, env_name, message, capsys, tmp_path):
+    """A suite's env of the other action kind (the check every file makes of any env: one way round
+    is enough, and XLand-MiniGrid imports in a few seconds where Brax takes half a minute), an
+    unknown suite, and a task the suite cannot make without more."""
     code, out, err = run_main(load_algorithm(name), ["--env-name", env_name, "--runs-dir", tmp_path], capsys)
     assert code == 2 and message in err and err.count("\n") == 1 and not list(tmp_path.iterdir())
 
