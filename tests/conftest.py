@@ -196,6 +196,20 @@ def load_algorithm(name: str):
 # once per session and shared by tests/test_train.py and the algorithm's own test file; a module
 # says which algorithm it tests with a `name` fixture. Values: (Config fields, updates they give,
 # a learning rate that is not the config's, for the sweep test).
+# dqn.py's (and c51.py's and qr_dqn.py's): num_envs=3 divides neither interval, so gradient steps
+# and target updates fall between vectorized steps.
+DQN_SMALL_TRAIN = dict(
+    num_envs=3,
+    num_steps=8,
+    total_timesteps=3 * 8 * 5,
+    buffer_size=50,
+    batch_size=16,
+    learning_starts=30,
+    train_frequency=4,
+    target_update_frequency=10,
+    eps_fraction=0.5,
+    num_seeds=1,
+)
 SMALL_TRAIN = {
     "ppo": (
         dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6, num_minibatches=2, update_epochs=2, num_seeds=1),
@@ -218,6 +232,20 @@ SMALL_TRAIN = {
         ),
         6,
         3e-3,
+    ),
+    # ppo.py's, on CartPole (whose episodes end within the 6 updates), with a small RND network.
+    "ppo_rnd": (
+        dict(
+            num_envs=4,
+            num_steps=16,
+            total_timesteps=4 * 16 * 6,
+            num_minibatches=2,
+            update_epochs=2,
+            num_seeds=1,
+            rnd_size=16,
+        ),
+        6,
+        1e-3,
     ),
     # 4 envs of CartPole without velocities, 2 minibatches of 2 whole env sequences.
     "ppo_rnn": (
@@ -250,24 +278,10 @@ SMALL_TRAIN = {
         4,
         1e-3,
     ),
-    # num_envs=3 divides neither interval: gradient steps and target updates fall between
-    # vectorized steps.
-    "dqn": (
-        dict(
-            num_envs=3,
-            num_steps=8,
-            total_timesteps=3 * 8 * 5,
-            buffer_size=50,
-            batch_size=16,
-            learning_starts=30,
-            train_frequency=4,
-            target_update_frequency=10,
-            eps_fraction=0.5,
-            num_seeds=1,
-        ),
-        5,
-        1e-3,
-    ),
+    "dqn": (DQN_SMALL_TRAIN, 5, 1e-3),
+    # dqn.py's, with small distributional heads.
+    "c51": (dict(**DQN_SMALL_TRAIN, num_atoms=11, v_min=-10.0, v_max=10.0), 5, 1e-3),
+    "qr_dqn": (dict(**DQN_SMALL_TRAIN, num_quantiles=8), 5, 1e-3),
     # Pendulum: every episode ends at the last step, all 4 envs together (so the mean return divides
     # by 4, exact however XLA computes x / n). 4 envs and a train interval of 3 divide neither way:
     # rounds of gradient steps fall between vectorized steps, some of which owe two; learning starts

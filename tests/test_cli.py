@@ -61,6 +61,12 @@ SLOW_EXCEPT_PPO = {
 }
 # What only the harness does (a second run's directory, a sweep's files), identical in every file.
 PPO_ONLY = {"test_second_run_gets_a_new_directory", "test_sweep_has_a_leading_sweep_axis"}
+# dqn.py's small run: 2 seeds of 12 updates, gradient steps from update 3.
+DQN_SMALL = (
+    *("--total-timesteps", "2400", "--num-envs", "4", "--num-steps", "50", "--num-seeds", str(SMALL_SEEDS)),
+    *("--buffer-size", "1000", "--batch-size", "32", "--learning-starts", "400", "--train-frequency", "4"),
+    *("--target-update-frequency", "100", "--eval-episodes", "4"),
+)
 ALGORITHMS = {
     "ppo": Algorithm(
         small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
@@ -103,29 +109,27 @@ ALGORITHMS = {
         obs_dim=2,
         first_kernel="input_gates/kernel",
     ),
+    "ppo_rnd": Algorithm(
+        small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
+        steps_per_update=128,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "minibatches-do-not-divide": (
+                ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
+                "--num-minibatches",
+            ),
+            "gamma-int-one": (["--gamma-int", "1"], "--gamma-int"),
+            "update-proportion-zero": (["--update-proportion", "0"], "--update-proportion"),
+            "negative-int-coef": (["--int-coef", "-1"], "--int-coef"),
+            "rnd-size-zero": (["--rnd-size", "0"], "--rnd-size"),
+            "sweep-rnd-lr-zero": (["--sweep", "rnd_lr=1e-3,0"], "--rnd-lr"),
+        },
+        env="DeepSea-bsuite",
+        obs_dim=64,
+        return_range=(-0.01, 1.0),  # 0.99 at the treasure; each move right costs 0.01 / 8
+    ),
     "dqn": Algorithm(
-        small=(
-            "--total-timesteps",
-            "2400",
-            "--num-envs",
-            "4",
-            "--num-steps",
-            "50",
-            "--num-seeds",
-            str(SMALL_SEEDS),
-            "--buffer-size",
-            "1000",
-            "--batch-size",
-            "32",
-            "--learning-starts",
-            "400",
-            "--train-frequency",
-            "4",
-            "--target-update-frequency",
-            "100",
-            "--eval-episodes",
-            "4",
-        ),
+        small=DQN_SMALL,
         steps_per_update=200,
         diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
         bad_inputs={
@@ -134,6 +138,28 @@ ALGORITHMS = {
             "buffer-beyond-memory": (["--buffer-size", "2000000000"], "656 GB"),
             "unknown-loss": (["--loss", "l1"], "--loss"),
             "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau"),
+        },
+    ),
+    # dqn.py's small run and buffer checks; the distributional heads' own options.
+    "c51": Algorithm(
+        small=DQN_SMALL,
+        steps_per_update=200,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+            "one-atom": (["--num-atoms", "1"], "--num-atoms"),
+            "v-min-not-below-v-max": (["--v-min", "5", "--v-max", "5"], "--v-min"),
+        },
+    ),
+    "qr_dqn": Algorithm(
+        small=DQN_SMALL,
+        steps_per_update=200,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+            "no-quantiles": (["--num-quantiles", "0"], "--num-quantiles"),
+            "kappa-zero": (["--kappa", "0"], "--kappa"),
+            "sweep-kappa-zero": (["--sweep", "kappa=1,0"], "kappa"),
         },
     ),
     "pqn": Algorithm(

@@ -333,6 +333,9 @@ SUITE_RUNS = {
     "xminigrid": ("xminigrid/MiniGrid-Empty-5x5", 98, (0, 1)),
 }
 CONTINUOUS = ("ppo_continuous", "sac", "td3")
+# Files whose observations, actions and buffer are those of the file named: a suite's env reaches
+# them exactly as it reaches that one (ppo_rnd.py's own observation statistics are run on a suite).
+MEETS_SUITES_AS = {"td3": "sac", "c51": "dqn", "qr_dqn": "dqn"}
 
 
 @pytest.mark.slow
@@ -343,15 +346,18 @@ CONTINUOUS = ("ppo_continuous", "sac", "td3")
         (n, s)
         for n in ALGORITHMS
         for s in SUITE_RUNS
-        if (s == "brax") == (n in CONTINUOUS) and LEARNING.get(s, ("",))[0] != n and s != "craftax" and n != "td3"
+        if (s == "brax") == (n in CONTINUOUS)
+        and LEARNING.get(s, ("",))[0] != n
+        and s != "craftax"
+        and n not in MEETS_SUITES_AS
     ],
 )
 def test_command_line_trains_on_a_suite(name, suite, tmp_path):
     """`python algorithms/X.py --env-name SUITE/NAME` with the small run of tests/test_cli.py, for
     every file and suite of its action kind but those the learning tests below run. Craftax is left
-    to its learning test (ppo.py) and the tests above, and Brax's off-policy run to sac.py (td3.py
-    meets a suite exactly as sac.py does): each costs a minute of compile, and what a file meets of a
-    suite (VecEnv and the registered env) is the same text in every file."""
+    to its learning test (ppo.py) and the tests above, and the files of MEETS_SUITES_AS to the file
+    they were made from: each run costs up to a minute of compile, and what a file meets of a suite
+    (VecEnv and the registered env) is the same text in every file."""
     if importlib.util.find_spec(suite) is None:
         pytest.skip(f"{suite} is not installed (requirements-envs.txt)")
     env_name, obs_dim, return_range = SUITE_RUNS[suite]

@@ -94,6 +94,12 @@ ALTERNATIVE = {
     "exploration_noise": 0.5,
     "policy_noise": 0.5,
     "noise_clip": 0.1,
+    "gamma_int": 0.9,
+    "ext_coef": 1.0,
+    "int_coef": 0.5,
+    "rnd_lr": 3e-3,
+    "update_proportion": 0.5,
+    "kappa": 0.5,
 }
 
 
@@ -197,10 +203,15 @@ COMMON_METRICS = {"env_steps", "episode_return", "episode_length", "episodes_fin
 METRICS = {
     "ppo": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
     "ppo_rnn": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
+    "ppo_rnd": COMMON_METRICS
+    | {"policy_loss", "value_loss", "value_loss_int", "entropy", "approx_kl", "clip_fraction", "intrinsic_reward"}
+    | {"rnd_loss"},
     "ppo_continuous": COMMON_METRICS
     | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "action_std", "return_std"},
     "pqn": COMMON_METRICS | {"q_mean", "epsilon"},
     "dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
+    "c51": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
+    "qr_dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
     "sac": COMMON_METRICS | {"actor_loss", "q_mean", "entropy", "alpha", "gradient_steps"},
     "td3": COMMON_METRICS | {"actor_loss", "q_mean", "gradient_steps", "actor_steps"},
 }
