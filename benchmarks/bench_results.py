@@ -33,9 +33,14 @@ RUNS = [
     ("ppo", "CartPole-v1", "--objective dpo"),
     ("dqn", "CartPole-v1", ""),
     ("pqn", "CartPole-v1", ""),
+    ("c51", "CartPole-v1", ""),
+    ("qr_dqn", "CartPole-v1", ""),
     ("ppo", "Acrobot-v1", "--total-timesteps 300000"),
     ("dqn", "Acrobot-v1", "--total-timesteps 300000"),
     ("pqn", "Acrobot-v1", "--total-timesteps 300000"),
+    # CleanRL's c51_jax.py budget on Acrobot (its published -86.7 ± 2.2 over 3 seeds).
+    ("c51", "Acrobot-v1", "--total-timesteps 500000"),
+    ("qr_dqn", "Acrobot-v1", "--total-timesteps 500000"),
     (
         "ppo",
         "Breakout-MinAtar",
@@ -44,6 +49,19 @@ RUNS = [
     ),
     (
         "dqn",
+        "Breakout-MinAtar",
+        "--total-timesteps 1000000 --buffer-size 100000 --learning-starts 10000 --lr 1e-4 --hidden-size 256 "
+        "--target-update-frequency 1000 --num-seeds 4",
+    ),
+    # dqn.py's row; C51's atoms in the paper's Atari range (rewards of 1 per brick, discounted values near 10).
+    (
+        "c51",
+        "Breakout-MinAtar",
+        "--total-timesteps 1000000 --buffer-size 100000 --learning-starts 10000 --lr 1e-4 --hidden-size 256 "
+        "--target-update-frequency 1000 --v-min -10 --v-max 10 --num-seeds 4",
+    ),
+    (
+        "qr_dqn",
         "Breakout-MinAtar",
         "--total-timesteps 1000000 --buffer-size 100000 --learning-starts 10000 --lr 1e-4 --hidden-size 256 "
         "--target-update-frequency 1000 --num-seeds 4",
@@ -65,6 +83,13 @@ RUNS = [
         "td3",
         "MountainCarContinuous-v0",
         "--total-timesteps 50000 --num-envs 10 --num-steps 500 --exploration-noise 1.0",
+    ),
+    ("ppo_rnd", "DeepSea-bsuite", ""),
+    # Sparse reward: the goal pays nothing more than ending -1 a step; RND's bonus must outweigh those -1s.
+    (
+        "ppo_rnd",
+        "MountainCar-v0",
+        "--num-steps 128 --total-timesteps 499712 --lr 1e-3 --normalize-obs --int-coef 100 --ext-coef 1",
     ),
     ("ppo_rnn", "CartPole-v1-no-velocity", ""),
     ("ppo_rnn", "MemoryChain-bsuite", ""),
@@ -89,6 +114,12 @@ RUNS = [
     ),
     (
         "ppo",
+        "craftax/Craftax-Classic-Symbolic-v1",
+        "--total-timesteps 1000000 --num-envs 64 --num-steps 64 --num-minibatches 8 --hidden-size 256 --lr 5e-4 "
+        "--num-seeds 4",
+    ),
+    (
+        "ppo_rnd",
         "craftax/Craftax-Classic-Symbolic-v1",
         "--total-timesteps 1000000 --num-envs 64 --num-steps 64 --num-minibatches 8 --hidden-size 256 --lr 5e-4 "
         "--num-seeds 4",
