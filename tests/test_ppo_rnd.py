@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_gae import reference_gae  # the episodic (extrinsic) stream is ppo.py's GAE
 
 from conftest import TERMINATED, TRUNCATED, load_algorithm, numpy_mlp
 
@@ -18,21 +19,6 @@ T, N = TERMINATED.shape  # [T=6, N=5] episode-boundary patterns shared with ever
 # --------------------------------------------------------------------------------------
 # NumPy references: loops as the paper states them
 # --------------------------------------------------------------------------------------
-def reference_extrinsic_gae(reward, value, next_value, terminated, truncated, gamma, lam):
-    """Episodic GAE: delta_t = r_t + gamma (1 - terminated_t) V(final_obs_t) - V(obs_t), and
-    A_t = delta_t + gamma lam (1 - done_t) A_{t+1}: a truncation bootstraps from the final
-    observation's value, and either end stops the recursion."""
-    done = terminated | truncated
-    advantage = np.zeros((T, N))
-    for n in range(N):
-        following = 0.0
-        for t in reversed(range(T)):
-            delta = reward[t, n] + gamma * (1.0 - terminated[t, n]) * next_value[t, n] - value[t, n]
-            following = delta + gamma * lam * (1.0 - done[t, n]) * following
-            advantage[t, n] = following
-    return advantage, advantage + value
-
-
 def reference_intrinsic_gae(int_reward, value_int, last_value_int, gamma_int, lam):
     """Non-episodic GAE: the env's stream of observations obs_0, obs_1, ... (auto-reset included) is one
     long episode: delta_t = r_t + gamma_int V(obs_{t+1}) - V(obs_t), A_t = delta_t + gamma_int lam A_{t+1},
@@ -112,7 +98,7 @@ def test_two_stream_gae_matches_reference(gamma, gamma_int, lam, seed):
     inputs = random_stream(seed)
     reward, int_reward, value, next_value, last_value_int = (np.asarray(x, np.float64) for x in inputs)
     a_ext, t_ext, a_int, t_int = streams(inputs, gamma, gamma_int, lam)
-    want_ext = reference_extrinsic_gae(reward, value[..., 0], next_value, TERMINATED, TRUNCATED, gamma, lam)
+    want_ext = reference_gae(reward, value[..., 0], next_value, TERMINATED, TRUNCATED, gamma, lam)
     want_int = reference_intrinsic_gae(int_reward, value[..., 1], last_value_int, gamma_int, lam)
     for got, want in zip((a_ext, t_ext, a_int, t_int), (*want_ext, *want_int), strict=True):
         assert got.shape == (T, N)
