@@ -5,9 +5,10 @@
 
 c51.py and qr_dqn.py are dqn.py with a distributional head and loss; ppo_rnd.py is ppo.py with
 random network distillation. Each pair runs the same flags (network, envs, batch, update ratio,
-budget, seeds) from the files' command lines in fresh processes, `rounds` times, alternating which
-goes first, so that the speed ratio is taken within one time window on this noisy host. Returns
-are the same every round (a seed's run is deterministic): the table shows the first round's.
+budget, seeds; a `-defaults` pair only env and seeds, each file at its own defaults) from the
+files' command lines in fresh processes, `rounds` times, alternating which goes first, so that the
+speed ratio is taken within one time window on this noisy host. Returns are the same every round
+(a seed's run is deterministic): the table shows the first round's.
 
 Writes into --out (benchmarks/results by default), named by backend:
   variants_<backend>.jsonl   every measurement, appended
@@ -38,6 +39,8 @@ PPO_FLAGS = (
 # pair: (the new file, the file it was built from, the flags both run)
 PAIRS = {
     "c51-cartpole": ("c51", "dqn", DQN_FLAGS),
+    # Each file at its own defaults (c51.py's hidden layers are half dqn.py's): what a user sees.
+    "c51-cartpole-defaults": ("c51", "dqn", "--env-name CartPole-v1 --num-seeds 8"),
     "qr_dqn-cartpole": ("qr_dqn", "dqn", DQN_FLAGS),
     "ppo_rnd-deepsea": ("ppo_rnd", "ppo", PPO_FLAGS),
 }

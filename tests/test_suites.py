@@ -334,8 +334,9 @@ SUITE_RUNS = {
 }
 CONTINUOUS = ("ppo_continuous", "sac", "td3")
 # Files whose observations, actions and buffer are those of the file named: a suite's env reaches
-# them exactly as it reaches that one (ppo_rnd.py's own observation statistics are run on a suite).
-MEETS_SUITES_AS = {"td3": "sac", "c51": "dqn", "qr_dqn": "dqn"}
+# them exactly as it reaches that one (ppo_rnd.py's observation statistics take any flat
+# observation: tests/test_ppo_rnd.py checks them against NumPy).
+MEETS_SUITES_AS = {"td3": "sac", "c51": "dqn", "qr_dqn": "dqn", "ppo_rnd": "ppo"}
 
 
 @pytest.mark.slow
