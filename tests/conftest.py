@@ -133,12 +133,21 @@ def pytest_collection_modifyitems(config, items):
         costliest_groups_first(items)
 
 
+# Files made from another file, whose observations, actions and buffer are that file's: a suite's
+# env reaches them as it reaches that one (tests/test_suites.py), and the fast loop leaves their runs
+# of the shared tests in SHARED_TEST_MODULES to CI (their own tests, against NumPy, stay in it).
+BUILT_FROM = {"td3": "sac", "c51": "dqn", "qr_dqn": "dqn", "ppo_rnd": "ppo"}
+SHARED_TEST_MODULES = ("test_train", "test_cli")
+
+
 def mark_slow_and_group(items) -> None:
     for item in items:
         slow_except_ppo = getattr(item.module, "SLOW_EXCEPT_PPO", ())
         ppo_only = getattr(item.module, "PPO_ONLY", ())
         algorithm = algorithm_of(item)
         if item.originalname in slow_except_ppo and algorithm != "ppo":
+            item.add_marker(pytest.mark.slow)
+        if algorithm in BUILT_FROM and item.module.__name__ in SHARED_TEST_MODULES:
             item.add_marker(pytest.mark.slow)
         if item.originalname in ppo_only and algorithm != "ppo":
             item.add_marker(

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from test_cli import ALGORITHMS, assert_ok, check_run_directory, results_dir
 
-from conftest import ROOT, load_algorithm, run_main
+from conftest import BUILT_FROM, ROOT, load_algorithm, run_main
 from onefile_harness import stats, suites
 
 
@@ -333,10 +333,9 @@ SUITE_RUNS = {
     "xminigrid": ("xminigrid/MiniGrid-Empty-5x5", 98, (0, 1)),
 }
 CONTINUOUS = ("ppo_continuous", "sac", "td3")
-# Files whose observations, actions and buffer are those of the file named: a suite's env reaches
-# them exactly as it reaches that one (ppo_rnd.py's observation statistics take any flat
-# observation: tests/test_ppo_rnd.py checks them against NumPy).
-MEETS_SUITES_AS = {"td3": "sac", "c51": "dqn", "qr_dqn": "dqn", "ppo_rnd": "ppo"}
+# conftest.BUILT_FROM: files whose observations, actions and buffer are those of the file named
+# meet a suite as that one does (ppo_rnd.py's observation statistics take any flat observation:
+# tests/test_ppo_rnd.py checks them against NumPy).
 
 
 @pytest.mark.slow
@@ -350,13 +349,13 @@ MEETS_SUITES_AS = {"td3": "sac", "c51": "dqn", "qr_dqn": "dqn", "ppo_rnd": "ppo"
         if (s == "brax") == (n in CONTINUOUS)
         and LEARNING.get(s, ("",))[0] != n
         and s != "craftax"
-        and n not in MEETS_SUITES_AS
+        and n not in BUILT_FROM
     ],
 )
 def test_command_line_trains_on_a_suite(name, suite, tmp_path):
     """`python algorithms/X.py --env-name SUITE/NAME` with the small run of tests/test_cli.py, for
     every file and suite of its action kind but those the learning tests below run. Craftax is left
-    to its learning test (ppo.py) and the tests above, and the files of MEETS_SUITES_AS to the file
+    to its learning test (ppo.py) and the tests above, and the files of BUILT_FROM to the file
     they were made from: each run costs up to a minute of compile, and what a file meets of a suite
     (VecEnv and the registered env) is the same text in every file."""
     if importlib.util.find_spec(suite) is None:
