@@ -3,17 +3,20 @@ command line alone, and a run directory that exists before anything compiles and
 had when it stops early. Tested on ppo.py: every file reaches the harness through the same interface.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 from conftest import ROOT, load_algorithm, run_main
 from conftest import run_dir_of as results_dir
-from onefile_harness import chunks, main, rundir
+from onefile_harness import chunks, main, protocol, rundir
+from onefile_harness.plan import plan_runs
 
 
 def test_configure_sets_the_command_lines_flags():
@@ -133,3 +136,15 @@ def test_a_plot_that_fails_costs_nothing_else(tmp_path, capsys, monkeypatch):
         "params.msgpack",
         "checkpoint.msgpack",
     }
+
+
+def test_runs_initialised_one_after_another_equal_the_vmapped_init():
+    """On CPU the harness initialises its runs with lax.map (a vmapped init batches flax's LAPACK
+    QRs, which deadlocked XLA's CPU pool): the runners are exactly those of jax.vmap(train.init)."""
+    ppo = load_algorithm("ppo")
+    config = dataclasses.replace(ppo.Config(), num_seeds=3, num_envs=4, num_steps=8, total_timesteps=64)
+    train = ppo.make_train(config)
+    plan = plan_runs(protocol.load(ppo), config, [{}, {"lr": 1e-3}])
+    one_by_one = chunks.initial_runners(train, plan)
+    vmapped = jax.jit(jax.vmap(train.init))(plan.keys, plan.hparams)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(one_by_one), jax.device_get(vmapped))

@@ -48,12 +48,22 @@ def chunk_updates(train, chunk: int, num_updates: int) -> Callable:
     return run
 
 
+def initial_runners(train, plan: RunPlan):
+    """Every run's first runner, made on one device (the plan spreads them out after). On CPU the runs
+    are initialised one after another, not vmapped: vmapped, flax's orthogonal init becomes batched
+    LAPACK QRs, which jaxlib splits over XLA's CPU thread pool while holding one of its threads, and a
+    few of them at once deadlock the pool (ppo_rnd.py's four networks on Craftax's 1,345-dim
+    observations; any init run on several CPU devices at once). 4 Craftax runs take 10 s this way."""
+    if plan.sharding.mesh.devices.flat[0].platform != "cpu":
+        return jax.jit(jax.vmap(train.init))(plan.keys, plan.hparams)
+    one_by_one = lambda keys, hparams: jax.lax.map(lambda run: train.init(*run), (keys, hparams))  # noqa: E731
+    return jax.jit(one_by_one)(plan.keys, plan.hparams)
+
+
 def compile_programs(algo, config, train, plan: RunPlan, population: pbt.Settings | None = None):
     """The first runners (on the devices) and the compiled programs that train and evaluate them.
     With --pbt a chunk is one PBT interval, ending with the exploit/explore step."""
-    # Initialisation runs on one device and is then spread out: flax's orthogonal init (a LAPACK
-    # QR) deadlocked XLA:CPU when executed on several devices at once. It is cheap either way.
-    runner = jax.device_put(jax.jit(jax.vmap(train.init))(plan.keys, plan.hparams), plan.sharding)
+    runner = jax.device_put(initial_runners(train, plan), plan.sharding)
     chunk = population.interval if population else max(1, math.ceil(config.num_updates / 10))  # ~10 reports
     run = jax.vmap(chunk_updates(train, chunk, config.num_updates), (0, None))
     if population is not None:
