@@ -51,6 +51,17 @@ def pytest_configure(config):
     """The tests train as the command line does: its XLA flags (XLA's concurrent CPU scheduler
     has deadlocked vmapped PPO), set before anything starts JAX's backend."""
     xla.configure()
+    share_compile_cache()
+
+
+def share_compile_cache() -> None:
+    """One persistent compilation cache for the whole session: the runs made in this process, the
+    command lines the tests start, and pytest-xdist's workers (started after this, they inherit
+    the variable), so a program one test compiled is loaded by the next. It is the directory
+    JAX_COMPILATION_CACHE_DIR names (CI's, cold), else the command line's own (warm from earlier
+    sessions, which keeps the fast loop fast)."""
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", xla.DEFAULT_COMPILE_CACHE)
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 
 def command_line(module, argv) -> int:

@@ -3,15 +3,14 @@ repository (handed over to the run harness), and the same file copied alone into
 
 Every algorithm file has the same command line and writes the same run directory, so one set of
 tests serves them all: ALGORITHMS says, per file, what a small run is and which inputs are bad
-for it. Every run of one file shares one fresh compile cache (JAX_COMPILATION_CACHE_DIR in a
-temp dir), so only the first run of each program shape pays for compilation; runs that differ
-only in float hyperparameters (run-time inputs) reuse it.
+for it. Every run shares the session's compile cache (conftest.share_compile_cache), so only the
+first run of each program shape pays for compilation; runs that differ only in float
+hyperparameters (run-time inputs) reuse it, as do the in-process runs of other test files.
 """
 
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
 import re
 import shutil
@@ -309,15 +308,11 @@ def script(name) -> pathlib.Path:
 
 
 @pytest.fixture(scope="module")
-def cli(name, script, tmp_path_factory):
-    cache_dir = tmp_path_factory.mktemp(f"jax_compile_cache_{name}")
-
+def cli(name, script):
     def run(*args, cwd=None, script=script, timeout=300):
-        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir))
         return subprocess.run(
             [sys.executable, str(script), *map(str, args)],
             cwd=cwd or ROOT,
-            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,

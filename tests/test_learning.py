@@ -1,60 +1,53 @@
 """Every algorithm's default Config learns its default environment on every seed (the expensive
-tests): each file's default is the run a newcomer starts with `python algorithms/<name>.py`."""
+tests): each file's default is the run a newcomer starts with `python algorithms/<name>.py`, and
+each test is that command, in this process: its seeds spread over the host's XLA devices as the
+command line spreads them (on this 2-core CPU, 27% less CPU time than one device for dqn.py).
+tests/test_train.py and tests/test_sharding.py show the command line trains as `train` does."""
 
-import jax
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_algorithm
+from conftest import ROOT, command_line, load_algorithm
 from onefile_harness import stats
 
 SOLVED = 475.0  # CartPole-v1's own "solved" threshold (episodes are capped at 500)
 
 
-def _pqn_checks(pqn, config, runner, metrics):
+def _pqn_checks(pqn, config, metrics, greedy, tmp_path):
     # Training episodes are epsilon-greedy: they are scored at the configured final epsilon.
     np.testing.assert_allclose(metrics["epsilon"][:, -1], config.eps_end, rtol=1e-6)
 
 
-def _dqn_checks(dqn, config, runner, metrics):
+def _dqn_checks(dqn, config, metrics, greedy, tmp_path):
     np.testing.assert_array_equal(metrics["gradient_steps"].sum(-1), dqn.total_gradient_steps(config))
     # The greedy policy (no exploration) does at least as well on fresh episodes.
-    eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    greedy = np.asarray(jax.jit(jax.vmap(dqn.make_evaluate(config)))(runner.params, eval_keys))
     assert (greedy >= SOLVED).all(), f"greedy evaluation returns per seed: {np.round(greedy, 1)}"
 
 
-def _ppo_rnn_checks(ppo_rnn, config, runner, metrics):
+def _ppo_rnn_checks(ppo_rnn, config, metrics, greedy, tmp_path):
     """Memory is what works: ppo.py's MLP (its own defaults), fed the same position-only
     observations with the same seeds for the same number of steps, stays far below."""
-    ppo = load_algorithm("ppo")
     ppo_rnn.validate(config)  # registers the file's partially observed envs with gymnax, where ppo.py finds them
-    mlp_config = ppo.Config(
-        env_name=config.env_name, total_timesteps=config.total_timesteps, num_seeds=config.num_seeds
+    same_run = ["--env-name", config.env_name, "--total-timesteps", config.total_timesteps]
+    mlp_metrics, _ = command_line_run(
+        load_algorithm("ppo"), [*same_run, "--num-seeds", config.num_seeds], tmp_path / "mlp"
     )
-    keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
-    _, mlp_metrics = jax.device_get(jax.jit(jax.vmap(ppo.make_train(mlp_config)))(keys))
     mlp_finals = stats.final_returns(mlp_metrics)
     assert (mlp_finals < 200).all(), f"ppo.py final returns per seed without velocities: {np.round(mlp_finals, 1)}"
 
 
-def _ppo_rnd_checks(ppo_rnd, config, runner, metrics):
+def _ppo_rnd_checks(ppo_rnd, config, metrics, greedy, tmp_path):
     """The greedy policy goes straight to the treasure on every seed, and every seed found it in
     the first quarter of training (ppo.py at this budget misses it on some seeds: the README's row)."""
-    eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    greedy = np.asarray(jax.jit(jax.vmap(ppo_rnd.make_evaluate(config)))(ppo_rnd.saved_params(runner), eval_keys))
     assert (greedy >= 0.98).all(), f"greedy evaluation returns per seed: {np.round(greedy, 3)}"
     found = (np.nan_to_num(metrics["episode_return"], nan=0.0) > 0.9)[:, : config.num_updates // 4].any(-1)
     assert found.all(), f"seeds that found the treasure in the first quarter of training: {found}"
 
 
-def _off_policy_continuous_checks(module, config, runner, metrics):
+def _off_policy_continuous_checks(module, config, metrics, greedy, tmp_path):
     """sac.py and td3.py: every gradient step the schedule promises was taken, and the greedy
     policy (the squashed mean, or the actor without noise) also returns >= -200 on every seed."""
     np.testing.assert_array_equal(metrics["gradient_steps"].sum(-1), module.total_gradient_steps(config))
-    eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    evaluate = jax.jit(jax.vmap(module.make_evaluate(config)))
-    greedy = np.asarray(evaluate(module.saved_params(runner), eval_keys))
     assert (greedy >= -200.0).all(), f"greedy evaluation returns per seed: {np.round(greedy, 1)}"
 
 
@@ -75,25 +68,32 @@ TARGETS = {
 }
 
 
+def command_line_run(module, flags, runs_dir) -> tuple[dict, np.ndarray]:
+    """`python algorithms/<name>.py FLAGS` in this process: the run's metrics ([seeds, updates] per
+    name) and its greedy evaluation returns per seed (keys from seed + 1, as the command line's)."""
+    assert command_line(module, [*flags, "--runs-dir", runs_dir, "--quiet"]) == 0
+    (run_dir,) = runs_dir.iterdir()
+    with np.load(run_dir / "metrics.npz") as npz:
+        metrics = {key: npz[key][0] for key in npz.files if key != "wall_seconds"}  # the one sweep point
+    return metrics, metrics.pop("eval_return")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", [n for n in TARGETS if (ROOT / "algorithms" / f"{n}.py").exists()])
-def test_default_config_learns_on_every_seed(name):
+def test_default_config_learns_on_every_seed(name, tmp_path):
     module = load_algorithm(name)
     env_name, target, extra_checks = TARGETS[name]
     config = module.Config()
     assert config.env_name == env_name
     assert config.num_seeds >= 8, "the default must train several seeds side by side"
-    # The same seeds the command line uses for this config.
-    keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
-    runner, metrics = jax.jit(jax.vmap(module.make_train(config)))(keys)
-    metrics = jax.device_get(metrics)
+    metrics, greedy = command_line_run(module, [], tmp_path / "runs")
 
     assert metrics["finite"].all()
     assert metrics["episode_return"].shape == (config.num_seeds, config.num_updates)
+    assert greedy.shape == (config.num_seeds,)
     finals = stats.final_returns(metrics)
-    assert finals.shape == (config.num_seeds,)
     assert not np.isnan(finals).any(), f"a seed finished no episode near the end: {finals}"
     assert (finals >= target).all(), f"final returns per seed: {np.round(finals, 1)} (target {target})"
     if extra_checks:
-        extra_checks(module, config, runner, metrics)
+        extra_checks(module, config, metrics, greedy, tmp_path)

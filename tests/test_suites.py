@@ -11,7 +11,6 @@ A suite that is not installed skips its tests (requirements-envs.txt installs al
 import dataclasses
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
@@ -367,12 +366,11 @@ def test_command_line_trains_on_a_suite(name, suite, tmp_path):
 
 
 def command_line(name: str, flags, tmp_path):
-    """`python algorithms/<name>.py FLAGS` in a fresh process with its own compile cache: the run
-    directory it wrote, which must be under tmp_path and named without the suite's '/'."""
+    """`python algorithms/<name>.py FLAGS` in a fresh process: the run directory it wrote, which
+    must be under tmp_path and named without the suite's '/'."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *flags, "--runs-dir", str(tmp_path)],
         cwd=ROOT,
-        env=dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache")),
         capture_output=True,
         text=True,
         timeout=800,

@@ -55,10 +55,13 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+DEFAULT_COMPILE_CACHE = os.path.expanduser("~/.cache/jax_rl_compile")
+
+
 def enable_compile_cache() -> None:
     """JAX's persistent compilation cache: a second identical run skips XLA compilation."""
     import jax
 
     if not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax_rl_compile"))
+        jax.config.update("jax_compilation_cache_dir", DEFAULT_COMPILE_CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
