@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from conftest import ROOT, USER_SET_CPU_DEVICES, command_line, load_algorithm
+from conftest import ROOT, USER_SET_CPU_DEVICES, command_line, load_algorithm, run_dir_of
 from onefile_harness import rundir, stats, xla
 
 
@@ -59,7 +59,12 @@ SLOW_EXCEPT_PPO = {
     "test_copied_script_refuses_the_harness_options",
 }
 # What only the harness does (a second run's directory, a sweep's files), identical in every file.
-PPO_ONLY = {"test_second_run_gets_a_new_directory", "test_sweep_has_a_leading_sweep_axis"}
+# The hand-over to the harness (`__main__`) is the same text in every file (tests/test_files.py).
+PPO_ONLY = {
+    "test_second_run_gets_a_new_directory",
+    "test_sweep_has_a_leading_sweep_axis",
+    "test_bad_input_from_the_command_line",
+}
 # dqn.py's small run: 2 seeds of 12 updates, gradient steps from update 3.
 DQN_SMALL = (
     *("--total-timesteps", "2400", "--num-envs", "4", "--num-steps", "50", "--num-seeds", str(SMALL_SEEDS)),
@@ -558,28 +563,26 @@ def test_copied_script_refuses_the_harness_options(name, cli, script, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {f"{name}.py"}
 
 
-def test_diverging_run_exits_3_and_still_writes_results(algo, cli, tmp_path):
-    runs_dir = tmp_path / "runs"
-    proc = cli(*algo.small, *algo.diverge, "--runs-dir", runs_dir)
-    assert_ok(proc, code=3)
-    run_dir = results_dir(proc, ROOT)
-    _, summary, metrics, _ = load_run(run_dir)
+def test_diverging_run_exits_3_and_still_writes_results(algo, module, tmp_path, capsys):
+    code, out, err = call_main(module, [*algo.small, *algo.diverge, "--runs-dir", tmp_path / "runs"], capsys)
+    assert code == 3 and "Traceback" not in err, err
+    _, summary, metrics, _ = load_run(run_dir_of(out))
     finite = metrics["finite"].reshape(-1, algo.small_updates)
     assert not finite.all()
     first_bad = int(np.argmin(finite.all(axis=0))) + 1  # 1-based, as users count updates
     assert summary["nonfinite"]["first_update"] == first_bad
     assert summary["nonfinite"]["env_steps"] == first_bad * algo.steps_per_update
-    message = proc.stderr.strip().splitlines()
-    assert len(message) == 1 and re.search(rf"\bupdate {first_bad}\b", message[0]), proc.stderr
+    message = err.strip().splitlines()
+    assert len(message) == 1 and re.search(rf"\bupdate {first_bad}\b", message[0]), err
 
 
-def test_help_lists_every_option(module, cli):
-    proc = cli("--help")
-    assert_ok(proc)
+def test_help_lists_every_option(module, capsys):
+    code, out, _ = call_main(module, ["--help"], capsys)
+    assert code == 0
     for field in dataclasses.fields(module.Config):
-        assert "--" + field.name.replace("_", "-") in proc.stdout, field.name
+        assert "--" + field.name.replace("_", "-") in out, field.name
     for flag in ("--sweep", "--runs-dir", "--no-compile-cache", "--quiet"):
-        assert flag in proc.stdout, flag
+        assert flag in out, flag
 
 
 COMMON_BAD_INPUTS = {
@@ -595,8 +598,9 @@ COMMON_BAD_INPUTS = {
 
 
 def call_main(module, argv, capsys) -> tuple[int, str, str]:
-    """The file's command line in this process: (exit status, stdout, stderr). Bad input is refused
-    before anything compiles, so no new process (and no JAX import) is needed to test it."""
+    """The file's command line in this process: (exit status, stdout, stderr), argparse's exits
+    (--help, its own errors) included. The small run and the copied file are tested in processes of
+    their own (and ppo.py's bad input): what runs here is the harness, the same for every file."""
     try:
         code = command_line(module, argv)
     except SystemExit as exit_:  # argparse's own errors
