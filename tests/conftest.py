@@ -47,11 +47,30 @@ USER_SET_CPU_DEVICES = (
 _PPO = _load("ppo", PPO_PATH)
 
 
+# The tests' own XLA flag, beyond the command line's: XLA:CPU's fusion emitters off. Most tests
+# compile small programs and run them briefly, and without the emitters XLA compiles them with about
+# 40% less CPU time on this machine (the bulk of CI's time), while training runs 20-100% slower.
+# What trains for real (tests/test_learning.py, the suites' learning tests, the documented
+# commands) runs the command line in a process of its own with the command line's flags alone:
+# `command_line_env()`, so that what is asserted to learn is what users run.
+TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
+
+
 def pytest_configure(config):
-    """The tests train as the command line does: its XLA flags (XLA's concurrent CPU scheduler
-    has deadlocked vmapped PPO), set before anything starts JAX's backend."""
+    """The tests train with the command line's XLA flags (XLA's concurrent CPU scheduler has
+    deadlocked vmapped PPO) and TEST_XLA_FLAGS, set before anything starts JAX's backend."""
     xla.configure()
+    for flag in TEST_XLA_FLAGS:
+        if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     share_compile_cache()
+
+
+def command_line_env(**changes) -> dict:
+    """This process's environment for a command line that must run as a user's does: XLA_FLAGS
+    without TEST_XLA_FLAGS (the command line adds its own), plus `changes`."""
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if flag not in TEST_XLA_FLAGS]
+    return {**os.environ, "XLA_FLAGS": " ".join(flags), **changes}
 
 
 def share_compile_cache() -> None:

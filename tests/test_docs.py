@@ -8,7 +8,6 @@ that mirrors the repository (its `algorithms/` and `benchmarks/` linked in), one
 as a reader would type them.
 """
 
-import os
 import re
 import shlex
 import subprocess
@@ -16,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, load_algorithm
+from conftest import ROOT, command_line_env, load_algorithm
 from onefile_harness import main, protocol
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -86,8 +85,9 @@ def sandbox(tmp_path_factory):
 
 
 def run(command: str, cwd, cache_dir, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`command` in bash from `cwd`, as typed, with this interpreter for `python` and its own compile cache."""
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir))
+    """`command` in bash from `cwd`, as typed, with this interpreter for `python`, the command line's
+    XLA flags and its own compile cache."""
+    env = command_line_env(JAX_COMPILATION_CACHE_DIR=str(cache_dir))
     command = re.sub(r"^((?:\w+=\S+ )*)python ", rf"\1{sys.executable} ", command)
     return subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -1,13 +1,17 @@
 """Every algorithm's default Config learns its default environment on every seed (the expensive
 tests): each file's default is the run a newcomer starts with `python algorithms/<name>.py`, and
-each test is that command, in this process: its seeds spread over the host's XLA devices as the
-command line spreads them (on this 2-core CPU, dqn.py's test took 29% less CPU time than on one device).
+each test is that command, in a process of its own with the command line's XLA flags, not the
+tests' (conftest.TEST_XLA_FLAGS): its seeds spread over the host's XLA devices as the command line
+spreads them (on this 2-core CPU, dqn.py's test took 29% less CPU time than on one device).
 tests/test_train.py and tests/test_sharding.py show the command line trains as `train` does."""
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, command_line, load_algorithm
+from conftest import ROOT, command_line, command_line_env, load_algorithm
 from onefile_harness import stats
 
 SOLVED = 475.0  # CartPole-v1's own "solved" threshold (episodes are capped at 500)
@@ -30,7 +34,7 @@ def _ppo_rnn_checks(ppo_rnn, config, metrics, greedy, tmp_path):
     ppo_rnn.validate(config)  # registers the file's partially observed envs with gymnax, where ppo.py finds them
     same_run = ["--env-name", config.env_name, "--total-timesteps", config.total_timesteps]
     mlp_metrics, _ = command_line_run(
-        load_algorithm("ppo"), [*same_run, "--num-seeds", config.num_seeds], tmp_path / "mlp"
+        load_algorithm("ppo"), [*same_run, "--num-seeds", config.num_seeds], tmp_path / "mlp", own_process=False
     )
     mlp_finals = stats.final_returns(mlp_metrics)
     assert (mlp_finals < 200).all(), f"ppo.py final returns per seed without velocities: {np.round(mlp_finals, 1)}"
@@ -68,10 +72,17 @@ TARGETS = {
 }
 
 
-def command_line_run(module, flags, runs_dir) -> tuple[dict, np.ndarray]:
-    """`python algorithms/<name>.py FLAGS` in this process: the run's metrics ([seeds, updates] per
-    name) and its greedy evaluation returns per seed (keys from seed + 1, as the command line's)."""
-    assert command_line(module, [*flags, "--runs-dir", runs_dir, "--quiet"]) == 0
+def command_line_run(module, flags, runs_dir, own_process=True) -> tuple[dict, np.ndarray]:
+    """`python algorithms/<name>.py FLAGS`: the run's metrics ([seeds, updates] per name) and its
+    greedy evaluation returns per seed (keys from seed + 1). In a process of its own with the command
+    line's XLA flags (conftest.command_line_env), or else in this one (where the test registered an env)."""
+    flags = [*map(str, flags), "--runs-dir", str(runs_dir), "--quiet"]
+    if own_process:
+        argv, env = [sys.executable, module.__file__, *flags], command_line_env()
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    else:
+        assert command_line(module, flags) == 0
     (run_dir,) = runs_dir.iterdir()
     with np.load(run_dir / "metrics.npz") as npz:
         metrics = {key: npz[key][0] for key in npz.files if key != "wall_seconds"}  # the one sweep point

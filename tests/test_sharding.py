@@ -17,7 +17,7 @@ import pytest
 from flax import serialization
 from test_cli import ALGORITHMS, _leaves, results_dir
 
-from conftest import ROOT
+from conftest import ROOT, TEST_XLA_FLAGS
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def runs(name, tmp_path_factory):
         cache_dir, runs_dir = dirs[devices]
         env = dict(
             os.environ,
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            XLA_FLAGS=" ".join([f"--xla_force_host_platform_device_count={devices}", *TEST_XLA_FLAGS]),
             JAX_COMPILATION_CACHE_DIR=str(cache_dir),
         )
         try:

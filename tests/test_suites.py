@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from test_cli import ALGORITHMS, assert_ok, check_run_directory, results_dir
 
-from conftest import BUILT_FROM, ROOT, load_algorithm, run_main
+from conftest import BUILT_FROM, ROOT, command_line_env, load_algorithm, run_main
 from onefile_harness import stats, suites
 
 
@@ -365,12 +365,13 @@ def test_command_line_trains_on_a_suite(name, suite, tmp_path):
     check_run_directory(name, algo, load_algorithm(name), command_line(name, flags, tmp_path), flags)
 
 
-def command_line(name: str, flags, tmp_path):
-    """`python algorithms/<name>.py FLAGS` in a fresh process: the run directory it wrote, which
-    must be under tmp_path and named without the suite's '/'."""
+def command_line(name: str, flags, tmp_path, env=None):
+    """`python algorithms/<name>.py FLAGS` in a fresh process (with the environment `env`, else this
+    one's): the run directory it wrote, which must be under tmp_path and named without the suite's '/'."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *flags, "--runs-dir", str(tmp_path)],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=800,
@@ -406,7 +407,7 @@ def test_learns_the_cheapest_task_of_a_suite_on_every_seed(suite, tmp_path):
     if importlib.util.find_spec(suite) is None:
         pytest.skip(f"{suite} is not installed (requirements-envs.txt)")
     name, env_name, flags, target, greedy_too = LEARNING[suite]
-    run_dir = command_line(name, ["--env-name", env_name, *flags.split()], tmp_path)
+    run_dir = command_line(name, ["--env-name", env_name, *flags.split()], tmp_path, env=command_line_env())
     summary = json.loads((run_dir / "summary.json").read_text())
     with np.load(run_dir / "metrics.npz") as npz:
         metrics = {key: npz[key] for key in npz.files}

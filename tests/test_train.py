@@ -23,6 +23,10 @@ SLOW_EXCEPT_PPO = {
 
 # Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
 RTOL, ATOL = 1e-5, 1e-6
+# sac.py's 200 Pendulum steps per env amplify that rounding far more: its batched and single runs
+# agree bit for bit under the command line's XLA code but differ by up to 6e-5 in Adam's moments
+# under the tests' (conftest.TEST_XLA_FLAGS). Its (rtol, atol) are test_cli's for Pendulum runs.
+FILE_TOLERANCE = {"sac": (2e-3, 1e-3)}
 # td3.py's targets take a minimum over its twin critics: where the two are nearly equal, a rounding
 # difference between two programs picks the other one and changes a gradient step by far more than
 # rounding (seen: 9% of a parameter after 4 updates on an AVX-512 CPU). Its sweep-equals-run check
@@ -37,13 +41,13 @@ def name(request):
     return request.param
 
 
-def assert_close(got, want, path="", rtol=RTOL):
+def assert_close(got, want, path="", rtol=RTOL, atol=ATOL):
     """Float leaves agree to rtol/ATOL; integer and bool leaves (counts, keys, flags) exactly."""
 
     def check(key, g, w):
         g, w, where = np.asarray(g), np.asarray(w), path + jax.tree_util.keystr(key)
         if g.dtype.kind == "f":
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=ATOL, err_msg=where)
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=where)
         else:
             np.testing.assert_array_equal(g, w, err_msg=where)
 
@@ -54,13 +58,16 @@ def row(tree, i):
     return jax.tree.map(lambda x: x[i], tree)
 
 
-def test_vmapped_run_matches_single_runs(single, batched):
+def test_vmapped_run_matches_single_runs(name, single, batched):
     runner, metrics = batched
+    rtol, atol = FILE_TOLERANCE.get(name, (RTOL, ATOL))
     for i in (0, 1):
         single_runner, single_metrics = single[i]
         assert set(metrics) == set(single_metrics)
-        assert_close(row(metrics, i), single_metrics)
-        assert_close(row(runner, i), single_runner)  # params, optimizer, env and any buffer or target net
+        assert_close(row(metrics, i), single_metrics, rtol=rtol, atol=atol)
+        assert_close(
+            row(runner, i), single_runner, rtol=rtol, atol=atol
+        )  # params, optimizer, env and any buffer or target net
         # Episode bookkeeping is step counting: identical, not merely close. (Returns are sums of
         # float rewards, which batched code may round differently: assert_close above checks them.)
         for metric in ("episode_length", "episodes_finished"):
@@ -140,8 +147,9 @@ def test_sweep_point_equals_run_with_that_config(name, config, single, swept):
     """The lr point of a program built for another lr is the run whose Config has that lr."""
     _, hparams, (runner, metrics) = swept
     single_runner, single_metrics = single[0]  # make_train(config)(keys[0])
-    assert_close(row(metrics, 1), single_metrics)
-    assert_close(row(runner.params, 1), single_runner.params)
+    rtol, atol = FILE_TOLERANCE.get(name, (RTOL, ATOL))
+    assert_close(row(metrics, 1), single_metrics, rtol=rtol, atol=atol)
+    assert_close(row(runner.params, 1), single_runner.params, rtol=rtol, atol=atol)
     np.testing.assert_allclose(runner.hparams.lr[:2], [SMALL_TRAIN[name][2], config.lr], rtol=1e-7)
     # The learning rate really is a run-time input: the two points train differently.
     assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3, equal_nan=True)
