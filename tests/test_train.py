@@ -65,9 +65,8 @@ def test_vmapped_run_matches_single_runs(name, single, batched):
         single_runner, single_metrics = single[i]
         assert set(metrics) == set(single_metrics)
         assert_close(row(metrics, i), single_metrics, rtol=rtol, atol=atol)
-        assert_close(
-            row(runner, i), single_runner, rtol=rtol, atol=atol
-        )  # params, optimizer, env and any buffer or target net
+        # params, optimizer, env and any buffer or target net
+        assert_close(row(runner, i), single_runner, rtol=rtol, atol=atol)
         # Episode bookkeeping is step counting: identical, not merely close. (Returns are sums of
         # float rewards, which batched code may round differently: assert_close above checks them.)
         for metric in ("episode_length", "episodes_finished"):
