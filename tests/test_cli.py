@@ -59,11 +59,13 @@ SLOW_EXCEPT_PPO = {
     "test_copied_script_refuses_the_harness_options",
 }
 # What only the harness does (a second run's directory, a sweep's files), identical in every file.
-# The hand-over to the harness (`__main__`) is the same text in every file (tests/test_files.py).
+# The hand-over to the harness (`__main__`) and a file's own command line (`main`, which refuses
+# the harness's options) are the same text in every file (tests/test_files.py).
 PPO_ONLY = {
     "test_second_run_gets_a_new_directory",
     "test_sweep_has_a_leading_sweep_axis",
     "test_bad_input_from_the_command_line",
+    "test_copied_script_refuses_the_harness_options",
 }
 # dqn.py's small run: 2 seeds of 12 updates, gradient steps from update 3.
 DQN_SMALL = (
