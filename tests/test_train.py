@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_cli import ALGORITHMS
 
 from conftest import ROOT, SMALL_TRAIN, _shared, load_algorithm
 from onefile_harness.chunks import chunk_updates
@@ -26,8 +27,8 @@ RTOL, ATOL = 1e-5, 1e-6
 # sac.py's 200 Pendulum steps per env amplify that rounding far more: its batched and single runs
 # agree bit for bit under the command line's XLA code but differ by up to 6e-5 in Adam's moments
 # under the tests' (conftest.TEST_XLA_FLAGS); on an AVX-512 AMD EPYC a sweep point and its run differed
-# by 5e-5 in an actor weight. Its (rtol, atol) are test_cli's for Pendulum runs, in every check here.
-FILE_TOLERANCE = {"sac": (2e-3, 1e-3)}
+# by 5e-5 in an actor weight. Its (rtol, atol) are test_cli's for its Pendulum runs, in every check here.
+FILE_TOLERANCE = {"sac": ALGORITHMS["sac"].tolerance}
 # td3.py's targets take a minimum over its twin critics: where the two are nearly equal, a rounding
 # difference between two programs picks the other one and changes a gradient step by far more than
 # rounding (seen: 9% of a parameter after 4 updates on an AVX-512 CPU). Its sweep-equals-run check
