@@ -24,24 +24,30 @@ from conftest import BUILT_FROM, ROOT, command_line_env, load_algorithm, run_mai
 from onefile_harness import stats, suites
 
 
+def first_key(key):
+    """The key of env 0's first episode in the harness's pooled env reset with `key` (as it splits it)."""
+    return jax.random.split(jax.random.split(key)[0], 1)[0]
+
+
 def drive(vec, actions, key, first_state=None):
-    """One env (vec.num_envs == 1) through `actions` with VecEnv's auto-reset: the first observation,
-    per step the EnvStep and the env state before it, and the step keys and fresh episodes drawn."""
+    """One env (vec.num_envs == 1) of the harness's pooled env through `actions`: the first
+    observation, per step the EnvStep and the state before it (its reserve is the fresh episode the
+    env starts next), and the keys env 0's transitions were stepped with."""
     obs, state = vec.reset(key)
     if first_state is not None:
         state = first_state(state)
-    noise = vec.presample(jax.random.fold_in(key, 1), len(actions))
+    keys = jax.random.split(jax.random.fold_in(key, 1), len(actions))
 
     def step(state, inputs):
-        step_noise, action = inputs
-        result = vec.step(step_noise, state, action[None])
+        step_key, action = inputs
+        result = vec.step(step_key, state, action[None])
         return result.state, (result, state)
 
-    _, (steps, before) = jax.lax.scan(step, state, (noise, jnp.asarray(actions)))
-    return obs, steps, before, noise
+    _, (steps, before) = jax.lax.scan(step, state, (keys, jnp.asarray(actions)))
+    return obs, steps, before, jax.vmap(first_key)(keys)
 
 
-def check_episode(steps, before, noise, vec, raw, end: int, how: str) -> None:
+def check_episode(steps, before, keys, vec, raw, end: int, how: str) -> None:
     """Up to step `end` (1-based) the wrapper equals `raw`, the suite's own per-step (obs, reward,
     terminated) from the same start; the episode ends at `end` by `how`; then a fresh one starts."""
     raw_obs, raw_reward, raw_terminated = raw
@@ -57,11 +63,11 @@ def check_episode(steps, before, noise, vec, raw, end: int, how: str) -> None:
     flat = np.asarray(raw_obs[:end], np.float32).reshape(end, -1)
     np.testing.assert_allclose(steps.final_obs[:end, 0], flat, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(steps.obs[: end - 1, 0], flat[: end - 1], rtol=1e-5, atol=1e-6)
-    # The step after the end begins a fresh episode: the first of the step's fresh episodes, at time 0.
-    np.testing.assert_array_equal(steps.obs[end - 1, 0], noise.reset_obs[end - 1, 0])
+    # The step after the end begins a fresh episode: the env's reserve, at time 0.
+    np.testing.assert_array_equal(steps.obs[end - 1, 0], before.obs[end - 1, 0])
     assert not np.array_equal(steps.obs[end - 1, 0], steps.final_obs[end - 1, 0])
-    assert int(steps.state.time[end - 1, 0]) == 0
-    np.testing.assert_array_equal(np.diff(before.time[:end, 0]), 1)  # one time step per step until then
+    assert int(steps.state.env.time[end - 1, 0]) == 0
+    np.testing.assert_array_equal(np.diff(before.env.time[:end, 0]), 1)  # one time step per step until then
 
 
 # The tests of one suite's fixture below share its compiled programs: they run in one pytest-xdist worker.
@@ -83,14 +89,14 @@ def xminigrid_run():
 
     def run(actions, limit=None):
         suites.register("xminigrid/MiniGrid-Empty-5x5")
-        vec = module.VecEnv("xminigrid/MiniGrid-Empty-5x5", 1)
+        vec = suites.vec_env(module, "xminigrid/MiniGrid-Empty-5x5", 1)
         if limit is not None:
-            with_limit(vec, limit)
+            with_limit(vec.vec, limit)
         key = jax.random.PRNGKey(3)
-        obs, steps, before, noise = jax.device_get(jax.jit(lambda k: drive(vec, actions, k))(key))
+        obs, steps, before, keys = jax.device_get(jax.jit(lambda k: drive(vec, actions, k))(key))
         # The suite itself from the same start, without any wrapper.
         raw_env, params = __import__("xminigrid").make("MiniGrid-Empty-5x5")
-        timestep = raw_env.reset(params, jax.random.split(key, 1)[0])
+        timestep = raw_env.reset(params, first_key(key))
         np.testing.assert_array_equal(obs[0], np.asarray(timestep.observation, np.float32).reshape(-1))
         step = jax.jit(lambda timestep, action: raw_env.step(params, timestep, action))
         raw = ([], [], [])
@@ -98,7 +104,7 @@ def xminigrid_run():
             timestep = step(timestep, action)
             for column, value in zip(raw, (timestep.observation, timestep.reward, timestep.discount == 0), strict=True):
                 column.append(np.asarray(value))
-        return steps, before, noise, vec, raw
+        return steps, before, keys, vec, raw
 
     return run
 
@@ -106,23 +112,23 @@ def xminigrid_run():
 @ONE_WORKER
 def test_xminigrid_goal_is_a_termination(xminigrid_run):
     actions = [0, 0, 1, 0, 0, 2, 2]  # forward twice, turn right, forward twice: the goal at the 5th step
-    steps, before, noise, vec, raw = xminigrid_run(actions)
+    steps, before, keys, vec, raw = xminigrid_run(actions)
     assert raw[1][4] > 0 and raw[2][4]  # the suite: reward and a termination at step 5
-    check_episode(steps, before, noise, vec, raw, end=5, how="terminated")
+    check_episode(steps, before, keys, vec, raw, end=5, how="terminated")
 
 
 @ONE_WORKER
 def test_xminigrid_step_limit_is_a_truncation(xminigrid_run):
     """The suite's own limit (100 steps: a last step with discount 1) becomes gymnax's truncation."""
-    steps, before, noise, vec, raw = xminigrid_run([1] + [2] * 100)  # turning on the spot
+    steps, before, keys, vec, raw = xminigrid_run([1] + [2] * 100)  # turning on the spot
     assert vec.max_episode_steps == 100
-    check_episode(steps, before, noise, vec, raw, end=100, how="truncated")
+    check_episode(steps, before, keys, vec, raw, end=100, how="truncated")
 
 
 @ONE_WORKER
 def test_xminigrid_limit_at_the_goal_step_is_a_termination_only(xminigrid_run):
-    steps, before, noise, vec, raw = xminigrid_run([0, 0, 1, 0, 0, 2], limit=5)
-    check_episode(steps, before, noise, vec, raw, end=5, how="terminated")
+    steps, before, keys, vec, raw = xminigrid_run([0, 0, 1, 0, 0, 2], limit=5)
+    check_episode(steps, before, keys, vec, raw, end=5, how="terminated")
 
 
 # --------------------------------------------------------------------------------------
@@ -135,16 +141,16 @@ def brax_run():
 
     def run(actions, limit=None):
         suites.register("brax/inverted_pendulum")
-        vec = module.VecEnv("brax/inverted_pendulum", 1)
+        vec = suites.vec_env(module, "brax/inverted_pendulum", 1)
         if limit is not None:
-            with_limit(vec, limit)
+            with_limit(vec.vec, limit)
         key = jax.random.PRNGKey(5)
         actions = np.asarray(actions, np.float32)[:, None]
-        obs, steps, before, noise = jax.device_get(jax.jit(lambda k: drive(vec, actions, k))(key))
+        obs, steps, before, keys = jax.device_get(jax.jit(lambda k: drive(vec, actions, k))(key))
         from brax import envs
 
         raw_env = envs.get_environment("inverted_pendulum")
-        state = jax.jit(raw_env.reset)(jax.random.split(key, 1)[0])
+        state = jax.jit(raw_env.reset)(first_key(key))
         np.testing.assert_array_equal(obs[0], state.obs)
         step = jax.jit(raw_env.step)
         raw = ([], [], [])
@@ -152,7 +158,7 @@ def brax_run():
             state = step(state, action)
             for column, value in zip(raw, (state.obs, state.reward, state.done > 0.5), strict=True):
                 column.append(np.asarray(value))
-        return steps, before, noise, vec, raw
+        return steps, before, keys, vec, raw
 
     return run
 
@@ -160,18 +166,18 @@ def brax_run():
 @pytest.mark.slow
 @ONE_WORKER
 def test_brax_pole_falling_is_a_termination(brax_run):
-    steps, before, noise, vec, raw = brax_run([1.0] * 40)  # full push: the pole falls
+    steps, before, keys, vec, raw = brax_run([1.0] * 40)  # full push: the pole falls
     end = int(np.argmax(raw[2])) + 1
     assert 1 < end < 40 and vec.max_episode_steps == 1000
-    check_episode(steps, before, noise, vec, raw, end=end, how="terminated")
+    check_episode(steps, before, keys, vec, raw, end=end, how="terminated")
 
 
 @pytest.mark.slow
 @ONE_WORKER
 def test_brax_time_limit_is_a_truncation(brax_run):
-    steps, before, noise, vec, raw = brax_run([0.0] * 8, limit=6)  # no push: upright for 6 steps
+    steps, before, keys, vec, raw = brax_run([0.0] * 8, limit=6)  # no push: upright for 6 steps
     assert not np.any(raw[2][:6])
-    check_episode(steps, before, noise, vec, raw, end=6, how="truncated")
+    check_episode(steps, before, keys, vec, raw, end=6, how="truncated")
 
 
 # --------------------------------------------------------------------------------------
@@ -188,7 +194,7 @@ def craftax_run():
     params = raw_env.default_params
 
     suites.register("craftax/Craftax-Classic-Symbolic-v1")
-    vec = module.VecEnv("craftax/Craftax-Classic-Symbolic-v1", 1)
+    vec = suites.vec_env(module, "craftax/Craftax-Classic-Symbolic-v1", 1)
 
     def edit(inner, time, lava_ahead, steps_taken):
         """The hand-made start, applied to the wrapper's state and to the suite's alike: lava on the
@@ -201,8 +207,9 @@ def craftax_run():
     @jax.jit  # one program for every case: the edits are its inputs
     def wrapped(key, actions, lava_ahead, steps_taken):
         def first_state(state):
-            inner, time = edit(jax.tree.map(lambda x: x[0], state.inner), state.time[0], lava_ahead, steps_taken)
-            return state.replace(inner=jax.tree.map(lambda x: x[None], inner), time=time[None])
+            env = state.env
+            inner, time = edit(jax.tree.map(lambda x: x[0], env.inner), env.time[0], lava_ahead, steps_taken)
+            return state._replace(env=env.replace(inner=jax.tree.map(lambda x: x[None], inner), time=time[None]))
 
         return drive(vec, actions, key, first_state)
 
@@ -210,14 +217,14 @@ def craftax_run():
 
     def run(actions, lava_ahead=False, steps_taken=0):
         key = jax.random.PRNGKey(7)
-        _, steps, before, noise = jax.device_get(wrapped(key, jnp.asarray(actions), lava_ahead, steps_taken))
-        inner, _ = edit(raw_env.reset_env(jax.random.split(key, 1)[0], params)[1], 0, lava_ahead, steps_taken)
+        _, steps, before, keys = jax.device_get(wrapped(key, jnp.asarray(actions), lava_ahead, steps_taken))
+        inner, _ = edit(raw_env.reset_env(first_key(key), params)[1], 0, lava_ahead, steps_taken)
         raw = ([], [], [])
         for t, action in enumerate(actions):
-            obs, inner, reward, done, _ = step(noise.key[t, 0], inner, action, params)
+            obs, inner, reward, done, _ = step(keys[t], inner, action, params)
             for column, value in zip(raw, (obs, reward, done), strict=True):
                 column.append(np.asarray(value))
-        return steps, before, noise, vec, raw
+        return steps, before, keys, vec, raw
 
     return run
 
@@ -226,9 +233,9 @@ def craftax_run():
 @ONE_WORKER
 def test_craftax_death_is_a_termination(craftax_run):
     # Noop, then a move right (+y) onto the lava put there, then noops.
-    steps, before, noise, vec, raw = craftax_run([0, 2, 0, 0], lava_ahead=True)
+    steps, before, keys, vec, raw = craftax_run([0, 2, 0, 0], lava_ahead=True)
     assert not raw[2][0] and raw[2][1]
-    check_episode(steps, before, noise, vec, raw, end=2, how="terminated")
+    check_episode(steps, before, keys, vec, raw, end=2, how="terminated")
 
 
 @pytest.mark.slow
@@ -236,10 +243,10 @@ def test_craftax_death_is_a_termination(craftax_run):
 def test_craftax_own_time_limit_is_a_truncation(craftax_run):
     """Craftax ends an episode at 10,000 steps as a game over (discount 0): here it is truncated."""
 
-    steps, before, noise, vec, raw = craftax_run([0, 0, 0, 0], steps_taken=9_997)
+    steps, before, keys, vec, raw = craftax_run([0, 0, 0, 0], steps_taken=9_997)
     assert vec.max_episode_steps == 10_000 and not raw[2][1] and raw[2][2]  # the suite: a game over
     raw = (raw[0], raw[1], [False] * 3)  # ... which the wrapper must call a truncation
-    check_episode(steps, before, noise, vec, raw, end=3, how="truncated")
+    check_episode(steps, before, keys, vec, raw, end=3, how="truncated")
 
 
 # --------------------------------------------------------------------------------------
@@ -251,14 +258,14 @@ def test_envs_truncated_together_start_distinct_episodes():
     pytest.importorskip("xminigrid")
     suites.register("xminigrid/MiniGrid-EmptyRandom-6x6")
     num_envs, limit = 8, 3
-    vec = with_limit(load_algorithm("ppo").VecEnv("xminigrid/MiniGrid-EmptyRandom-6x6", num_envs), limit)
-    assert vec.env.envs_per_reset == 32 and vec.reserve and vec.num_resets == 1
+    vec = suites.vec_env(load_algorithm("ppo"), "xminigrid/MiniGrid-EmptyRandom-6x6", num_envs)
+    with_limit(vec.vec, limit)
+    assert vec.env.envs_per_reset == 32 and vec.num_resets == 1
 
     def run(key):
         state = vec.reset(key)[1]
-        noise = vec.presample(jax.random.fold_in(key, 1), 2 * limit)
-        step = lambda state, noise: (vec.step(noise, state, jnp.full(num_envs, 1)).state,) * 2  # noqa: E731
-        return jax.lax.scan(step, state, noise)[1]
+        step = lambda state, key: (vec.step(key, state, jnp.full(num_envs, 1)).state,) * 2  # noqa: E731
+        return jax.lax.scan(step, state, jax.random.split(key, 2 * limit))[1]
 
     states = jax.device_get(jax.jit(run)(jax.random.PRNGKey(0)).env)
     for t in (limit - 1, 2 * limit - 1):  # the steps after which every env starts afresh

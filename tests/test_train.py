@@ -28,7 +28,9 @@ RTOL, ATOL = 1e-5, 1e-6
 # agree bit for bit under the command line's XLA code but differ by up to 6e-5 in Adam's moments
 # under the tests' (conftest.TEST_XLA_FLAGS); on an AVX-512 AMD EPYC a sweep point and its run differed
 # by 5e-5 in an actor weight. Its (rtol, atol) are test_cli's for its Pendulum runs, in every check here.
-FILE_TOLERANCE = {"sac": ALGORITHMS["sac"].tolerance}
+# ppo_continuous.py draws its Gaussian action noise inside the rollout's loop, which XLA fuses with
+# other arithmetic in the vmapped program than in the single one; Pendulum amplifies that too.
+FILE_TOLERANCE = {name: ALGORITHMS[name].tolerance for name in ("sac", "ppo_continuous")}
 # td3.py's targets take a minimum over its twin critics: where the two are nearly equal, a rounding
 # difference between two programs picks the other one and changes a gradient step by far more than
 # rounding (seen: 9% of a parameter after 4 updates on an AVX-512 CPU). Its sweep-equals-run check
@@ -189,7 +191,7 @@ def test_a_sweep_point_equals_the_run_with_those_values_in_its_config(name, conf
     assert_close(row(runner.params, -1), want_runner.params, rtol=rtol, atol=atol)
 
 
-def test_chunked_run_matches_train(train, config, keys, single):
+def test_chunked_run_matches_train(name, train, config, keys, single):
     """train.init and the run harness's chunks of train.update == train, in chunks of one update
     fewer than the run: the second chunk runs past the config's end, where the updates are skipped
     and leave the runner alone. (Where a chunk divides the run, it is train's own scan.)"""
@@ -203,8 +205,9 @@ def test_chunked_run_matches_train(train, config, keys, single):
     assert len(parts) == 2 and config.num_updates % chunk
     metrics = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     single_runner, single_metrics = single[0]
-    assert_close({k: v[: config.num_updates] for k, v in metrics.items()}, single_metrics)
-    assert_close(jax.device_get(runner), single_runner)
+    rtol, atol = FILE_TOLERANCE.get(name, (RTOL, ATOL))
+    assert_close({k: v[: config.num_updates] for k, v in metrics.items()}, single_metrics, rtol=rtol, atol=atol)
+    assert_close(jax.device_get(runner), single_runner, rtol=rtol, atol=atol)
     assert not metrics["finite"][config.num_updates :].any()  # skipped updates report nothing
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import pbt
+from . import pbt, suites
 from .plan import RunPlan
 from .stats import nanmean
 
@@ -70,7 +70,7 @@ def compile_programs(algo, config, train, plan: RunPlan, population: pbt.Setting
         run = pbt.with_exploit(run, population, config.num_updates, algo, config)
     # The runners are donated: each chunk updates them (replay buffers included) in place.
     run = jax.jit(run, out_shardings=plan.sharding, donate_argnums=0)
-    evaluate = jax.jit(jax.vmap(algo.make_evaluate(config)), out_shardings=plan.sharding)
+    evaluate = jax.jit(jax.vmap(suites.make_evaluate(algo, config)), out_shardings=plan.sharding)
     run = run.lower(runner, jnp.int32(0)).compile()
     jax.block_until_ready(runner)
     return runner, Programs(run=run, evaluate=evaluate, chunk=chunk)

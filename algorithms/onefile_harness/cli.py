@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import typing
 from collections.abc import Sequence
 
 from .protocol import Algorithm, flag
@@ -186,11 +187,12 @@ def build_parser(algo: Algorithm, doc: str, defaults: bool = True) -> Parser:
         allow_abbrev=False,
     )
     for field in dataclasses.fields(algo.Config):
-        if field.type is bool:
+        field_type, doc = typing.get_args(field.type)  # Annotated[type, doc]
+        if field_type is bool:
             kind = dict(action=BOOLEAN)
         else:
-            kind = dict(type=integer if field.type is int else field.type, metavar=field.type.__name__.upper())
-        kind["help"] = field.metadata["doc"]
+            kind = dict(type=integer if field_type is int else field_type, metavar=field_type.__name__.upper())
+        kind["help"] = doc
         parser.add_argument("--" + flag(field.name), default=default(field.default), **kind)
     groups = {}
     for section, name, value, settings in OPTIONS:

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import suites
 from .plan import RunPlan
 from .protocol import UsageError
 from .rundir import write_json
@@ -19,7 +20,7 @@ def evaluate_saved(job, plan: RunPlan, say) -> int:
     """--eval-only: the saved parameters of every run, evaluated with the keys training's own
     evaluation used (so the same --eval-episodes give the same returns); --render draws them."""
     params = jax.tree.map(lambda x: np.reshape(x, (plan.num_runs, *np.shape(x)[2:])), job.params)
-    evaluate = jax.jit(jax.vmap(job.algo.make_evaluate(job.config)), out_shardings=plan.sharding)
+    evaluate = jax.jit(jax.vmap(suites.make_evaluate(job.algo, job.config)), out_shardings=plan.sharding)
     returns = plan.to_host(evaluate(plan.to_devices(params), jax.device_put(plan.eval_keys, plan.sharding)))
     if job.run_dir is None:
         return 0
@@ -60,14 +61,13 @@ def make_episode_recorder(algo, config):
     """Returns `record(params, rng) -> (env states, rewards, alive)`, each [max_episode_steps]:
     one greedy episode (the first of the file's evaluation with the same key), the state each step
     starts from, its reward, and whether the episode was still running."""
-    env = algo.VecEnv(config.env_name, 1)
+    env = suites.vec_env(algo, config.env_name, 1)
     policy = algo.make_greedy_policy(config, env)
 
     def env_step(params, carry: Replaying, _):
-        rng, key = jax.random.split(carry.rng)
-        noise = jax.tree.map(lambda x: x[0], env.presample(key, 1, resets=False))
-        policy_carry, action = policy.act(params, carry.policy, carry.obs, carry.start)
-        step = env.step(noise, carry.env_state, action)
+        rng, act_key, env_key = jax.random.split(carry.rng, 3)
+        policy_carry, action = policy.act(params, carry.policy, carry.obs, carry.start, act_key)
+        step = env.step(env_key, carry.env_state, action)
         done = step.terminated | step.truncated
         after = Replaying(step.state, step.obs, policy_carry, start=done, alive=carry.alive & ~done, rng=rng)
         return after, (carry.env_state, step.reward, carry.alive)

@@ -84,7 +84,8 @@ def prepare(algo: Algorithm, doc: str, argv: Sequence[str] | None, is_host_0: bo
         population = pbt.Settings.from_json(population)
     elif not source:
         population = pbt.settings_from(algo, config, args, given, points)
-    train = algo.make_train(config)  # builds the env: an unknown one, or one of the wrong action kind, stops here
+    # Building the env stops an unknown one, or one of the wrong action kind, here.
+    train = algo.make_train(config, suites.vec_env(algo, config.env_name, config.num_envs))
     if not args.eval_only:
         plan.check_memory(algo, config, train, len(points) * config.num_seeds)
     if population is not None and not args.eval_only:

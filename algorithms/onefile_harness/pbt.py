@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import suites
 from .protocol import Algorithm, UsageError, flag
 
 FACTORS = (0.8, 1.2)  # what `multiply` scales a perturbed value by, each with probability 1/2
@@ -226,7 +227,7 @@ def with_exploit(run, settings: Settings, num_updates: int, algo: Algorithm, con
     the exploit/explore step (not after the run's last update). Adds to the metrics, per run and
     update, every HParams field in force (pbt_<field>) and pbt_copied_from: the member (index into
     [points x seeds]) the run copied at the end of that update, -1 where none."""
-    greedy = jax.vmap(algo.make_evaluate(config)) if settings.fitness == "greedy" else None
+    greedy = jax.vmap(suites.make_evaluate(algo, config)) if settings.fitness == "greedy" else None
     base_key = jax.random.fold_in(jax.random.PRNGKey(settings.seed), STREAM)
 
     def run_and_exploit(runner, first):

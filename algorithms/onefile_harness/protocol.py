@@ -4,17 +4,24 @@ An algorithm file (`algorithms/<name>.py`) runs on its own; the harness reaches 
 the names below, and refuses a file whose HARNESS_PROTOCOL is not this module's PROTOCOL.
 
     HARNESS_PROTOCOL     an int: the version of this interface the file was written against
-    Config               a frozen dataclass; every field is a command-line flag, its help the field's
-                         metadata["doc"]. Fields env_name, total_timesteps, num_seeds, seed and
-                         eval_episodes; properties steps_per_update (env steps of one update, all envs
-                         together) and num_updates
+    Config               a frozen dataclass; every field is a command-line flag, annotated
+                         Annotated[type, "its help"]. Fields env_name, total_timesteps, num_envs,
+                         num_seeds, seed and eval_episodes; properties steps_per_update (env steps of
+                         one update, all envs together) and num_updates
     HParams              a NamedTuple of the float hyperparameters a run reads at run time, so runs
                          with different values share one compiled program: the sweepable fields
     ConfigError          what validate, validate_hparams and make_train raise for input that cannot
                          work, with a message that names the option
     validate(config)     checks a Config's values without building anything
     validate_hparams(v)  checks a {field: value} dict of every HParams field (one sweep point)
-    make_train(config)   -> train(rng, hparams=None) -> (runner, metrics), the whole run, with
+    VecEnv(env_name, n)  the file's vectorised env: reset(key) -> (obs, state) and
+                         step(key, state, action) -> EnvStep(obs, state, reward, terminated,
+                         truncated, final_obs), with num_envs, max_episode_steps, obs_dim, flat(obs),
+                         env and params (the gymnax env). The harness may hand make_train and
+                         make_evaluate another object of this interface: suites.vec_env
+    make_train(config, env=None)
+                         -> train(rng, hparams=None) -> (runner, metrics), the whole run in `env`
+                         (default: VecEnv(config.env_name, config.num_envs)), with
                          train.init(rng, hparams) -> runner and
                          train.update(runner, update_index) -> (runner, metrics of that update).
                          The runner is a NamedTuple; a field named `buffer` is the replay buffer;
@@ -22,10 +29,12 @@ the names below, and refuses a file whose HARNESS_PROTOCOL is not this module's 
                          another) and `hparams` (the HParams every update reads, which explore changes).
                          Metrics include env_steps, episode_return, episodes_finished and finite
     saved_params(runner) what params.msgpack holds and make_evaluate's evaluate takes
-    make_evaluate(config) -> evaluate(params, rng) -> the mean return of eval_episodes greedy episodes
-    VecEnv(env_name, n)  the file's vectorised env (reset, presample, step, max_episode_steps)
-    make_greedy_policy(config, env) -> (init(num_envs) -> carry, act(params, carry, obs, start) ->
-                         (carry, action)): how --render replays a greedy episode
+    make_evaluate(config, env=None)
+                         -> evaluate(params, rng) -> the mean return of eval_episodes greedy episodes
+                         (env default: VecEnv(config.env_name, config.eval_episodes))
+    make_greedy_policy(config, env) -> Policy(init(num_envs) -> carry,
+                         act(params, carry, obs, start, key) -> (carry, action)): how --render
+                         replays a greedy episode
 
 Everything else (sweeps, devices, chunks and progress, checkpoints, tracking, statistics, plots,
 rendering, environment suites) is the harness's; the file knows none of it.
@@ -35,7 +44,7 @@ import os
 import types
 from typing import Any, NamedTuple
 
-PROTOCOL = 1
+PROTOCOL = 2
 NAMES = (
     "Config",
     "HParams",

@@ -7,8 +7,10 @@ gymnax's auto-reset keeps the true final observation. An algorithm file takes it
 `gymnax.make` like any gymnax env, so its rollouts, targets and evaluation are unchanged.
 
 A suite's reset (a Brax pipeline's first state, a Craftax world) can cost far more than a step, so
-each env declares `envs_per_reset`: the algorithm files' VecEnv then draws one fresh episode per
-that many env steps into reserves, one per env, from which envs whose episodes end start afresh.
+each env declares `envs_per_reset`, and a run's vectorised env (`vec_env`) pools resets: every env
+holds a fresh episode in reserve and starts it when its episode ends, and each step redraws one
+reserve per `envs_per_reset` envs (at least one), in turn. The algorithm files take it through
+make_train's and make_evaluate's `env` argument; a gymnax env runs the file's own VecEnv.
 """
 
 import contextlib
@@ -63,8 +65,8 @@ def register(env_name: str) -> None:
 def suite_env(name: str, start: Callable, transition: Callable, spaces: tuple, max_steps: int, envs_per_reset: int):
     """A gymnax Environment around a suite's raw env, given as `start(key) -> (obs, inner)` and
     `transition(key, inner, action) -> (obs, inner, reward, natural termination)`; `spaces` are the
-    (action, observation) gymnax spaces and `max_steps` the time limit. A VecEnv draws one fresh
-    episode per `envs_per_reset` env steps (1: one per env and step, as for gymnax envs)."""
+    (action, observation) gymnax spaces and `max_steps` the time limit. A run's env redraws one
+    fresh episode per `envs_per_reset` envs and step (1: gymnax's own auto-reset, one per env)."""
     from flax import struct
     from gymnax.environments import environment
 
@@ -199,3 +201,80 @@ def xminigrid_env(env_name: str, name: str):
     return suite_env(
         env_name, start, transition, (action_space, observation_space), params.max_steps, envs_per_reset=32
     )
+
+
+class Reserved(NamedTuple):
+    """A pooled env's state: the envs' own states, and each env's fresh episode in reserve."""
+
+    env: Any  # [num_envs] the envs' states
+    obs: jax.Array  # [num_envs, obs_dim] each env's reserve: the first observation it starts next
+    state: Any  # [num_envs] and its env state
+    redrawn: jax.Array  # reserves redrawn so far; the next redraw replaces reserve redrawn % num_envs
+
+
+class PooledStep(NamedTuple):  # the fields of the algorithm files' EnvStep
+    obs: jax.Array
+    state: Any
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+
+
+class PooledResets:
+    """An algorithm file's VecEnv whose envs start fresh episodes from reserves (module docstring):
+    the same interface (reset, step, and the VecEnv's attributes), for envs whose reset is costly."""
+
+    def __init__(self, vec, envs_per_reset: int):
+        self.vec, self.num_resets = vec, min(vec.num_envs, -(-vec.num_envs // envs_per_reset))
+
+    def __getattr__(self, name: str):
+        return getattr(self.vec, name)
+
+    def _fresh(self, key: jax.Array, count: int):
+        reset = jax.vmap(self.vec.env.reset_env, in_axes=(0, None))
+        obs, state = reset(jax.random.split(key, count), self.vec.params)
+        return self.vec.flat(obs), state
+
+    def reset(self, key: jax.Array):
+        now_key, ahead_key = jax.random.split(key)
+        obs, state = self._fresh(now_key, self.vec.num_envs)
+        ahead_obs, ahead_state = self._fresh(ahead_key, self.vec.num_envs)
+        return obs, Reserved(env=state, obs=ahead_obs, state=ahead_state, redrawn=jnp.int32(0))
+
+    def step(self, key: jax.Array, state: Reserved, action: jax.Array):
+        env, vec = self.vec.env, self.vec
+        step_key, reset_key = jax.random.split(key)
+        action = action.reshape(vec.num_envs, *vec.action_shape)
+        obs, stepped, reward, terminated, _ = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(
+            jax.random.split(step_key, vec.num_envs), state.env, action, vec.params
+        )
+        truncated = jax.vmap(env.is_truncated, in_axes=(0, None))(stepped, vec.params)
+        done, final_obs = terminated | truncated, vec.flat(obs)
+        select = jax.vmap(lambda d, new, old: jax.tree.map(lambda n, o: jax.lax.select(d, n, o), new, old))
+        # Envs that ended start their reserves; this step's fresh episodes replace the next reserves in turn.
+        slots = (state.redrawn + jnp.arange(self.num_resets)) % vec.num_envs
+        fresh = self._fresh(reset_key, self.num_resets)
+        reserve = jax.tree.map(lambda old, new: old.at[slots].set(new), (state.obs, state.state), fresh)
+        next_state = Reserved(select(done, state.state, stepped), *reserve, redrawn=state.redrawn + self.num_resets)
+        return PooledStep(
+            obs=select(done, state.obs, final_obs),
+            state=next_state,
+            reward=reward.astype(jnp.float32),
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final_obs,
+        )
+
+
+def vec_env(algo, env_name: str, num_envs: int):
+    """The vectorised env a run trains or evaluates in: the file's own VecEnv, with pooled resets
+    for a suite's env that declares `envs_per_reset` above 1."""
+    vec = algo.VecEnv(env_name, num_envs)
+    envs_per_reset = getattr(vec.env, "envs_per_reset", 1)
+    return vec if envs_per_reset <= 1 else PooledResets(vec, envs_per_reset)
+
+
+def make_evaluate(algo, config):
+    """The file's greedy evaluation, in the env `vec_env` gives for `eval_episodes` envs."""
+    return algo.make_evaluate(config, vec_env(algo, config.env_name, config.eval_episodes))
