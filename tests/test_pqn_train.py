@@ -1,5 +1,5 @@
-"""pqn.make_train on a tiny config: vmap consistency, determinism, sweeps, epsilon schedule,
-metric bookkeeping.
+"""pqn.make_train on a tiny config: vmap consistency, determinism, sweeps, epsilon schedule, the
+epsilon-greedy action, metric bookkeeping.
 
 Every compiled program here is built once per module (fixtures) and shared between tests.
 """
@@ -62,6 +62,24 @@ def test_epsilon_is_the_exploration_rate(pqn):
     np.testing.assert_allclose(metrics["epsilon"][1], 0.0)
     assert 18 < mean_length[0] < 27, mean_length
     assert mean_length[1] < 15, mean_length
+
+
+def test_epsilon_greedy_action_draws_from_its_key(pqn, config):
+    """The acting rule itself, drawn where it is used: with epsilon 0 the greedy action; with epsilon
+    e a uniformly random action with probability e (so it differs from the greedy one with probability
+    e (A - 1) / A); the same key gives the same actions and other keys other ones."""
+    networks = pqn.make_networks(config, 2)
+    params = jax.jit(pqn.make_train(config).init)(jax.random.PRNGKey(0)).params
+    obs = jax.random.normal(jax.random.PRNGKey(1), (20_000, 4))
+    greedy = np.asarray(jnp.argmax(networks.q.apply(params["q"], obs), -1))
+    act = jax.jit(lambda epsilon, key: pqn.epsilon_greedy_action(networks, params, obs, epsilon, key))
+    key = jax.random.PRNGKey(2)
+    np.testing.assert_array_equal(act(0.0, key), greedy)
+    uniform = np.asarray(act(1.0, key))
+    assert abs(uniform.mean() - 0.5) < 0.02, uniform.mean()
+    assert abs((np.asarray(act(0.3, key)) != greedy).mean() - 0.3 / 2) < 0.01
+    np.testing.assert_array_equal(act(0.5, key), act(0.5, key))
+    assert (np.asarray(act(0.5, key)) != np.asarray(act(0.5, jax.random.PRNGKey(3)))).any()
 
 
 def test_metric_ranges(batched):
