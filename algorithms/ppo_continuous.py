@@ -1,9 +1,7 @@
-"""PPO (clipped surrogate, GAE, Gaussian policy) for continuous-action gymnax environments, in one file.
-
-    python ppo_continuous.py --env-name MountainCarContinuous-v0 --num-seeds 16     # --help: every option
-
-The whole run (rollout, GAE, epochs of shuffled minibatch updates) is one jitted function, and
-seeds (and sweep points: the float hyperparameters in HParams) are vmapped into one program:
+"""PPO (clipped surrogate, GAE, Gaussian policy) for continuous-action gymnax environments, in one
+file: `python ppo_continuous.py --env-name MountainCarContinuous-v0 --num-seeds 16` (--help lists
+every option). The whole run (rollout, GAE, epochs of shuffled minibatch updates) is one jitted
+function, and seeds (and sweep points: the float hyperparameters in HParams) are vmapped into one program:
 
     train = make_train(Config(env_name="Pendulum-v1"))
     runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
@@ -11,11 +9,11 @@ seeds (and sweep points: the float hyperparameters in HParams) are vmapped into 
 The policy is a diagonal Gaussian (an MLP gives the mean, a learned state-independent vector the
 log std); its samples are clipped to the action bounds (or squashed into them with tanh, --squash).
 Observations are normalised by running per-feature statistics and rewards scaled by a running std
-of the discounted return (both on by default); params.msgpack saves those statistics with the
-networks.
+of the discounted return (both on by default); params.msgpack saves those statistics with the networks.
 
 Depends only on jax, flax, optax, distrax, chex, gymnax and numpy: copy it anywhere and it runs.
-Importing it defines things and does nothing else.
+Importing it defines things and does nothing else. The algorithm comes first; the blocks that let
+the file run alone (environment loop, evaluation, command line) are last, the same in every file.
 """
 
 import argparse
@@ -27,8 +25,9 @@ import pkgutil
 import sys
 import tempfile
 import time
+import typing
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import chex
 import distrax
@@ -38,82 +37,49 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import serialization
-from jax.flatten_util import ravel_pytree
 
 # gymnax is imported where an environment is made, not here: it computes with JAX when
 # imported, which would start JAX's backend before the command line sets XLA's flags.
 
-HARNESS_PROTOCOL = 1  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 2  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "continuous"  # the action spaces this algorithm takes
 
 
-# --------------------------------------------------------------------------------------
-# Config helpers (the same in every algorithm file: tests/test_files.py)
-# --------------------------------------------------------------------------------------
-def option(default: Any, doc: str) -> Any:
-    """A Config field with its one line of documentation, which is also its command-line help."""
-    return dataclasses.field(default=default, metadata={"doc": doc})
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""
-
-
-def require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def require_positive(config, names: tuple) -> None:
-    for name in names:
-        require(getattr(config, name) > 0, f"{flag(name)} must be a positive integer, got {getattr(config, name)}")
-
-
-def hparams_from(config) -> "HParams":
-    """The Config's own values of the sweepable fields, as a run reads them."""
-    return HParams(**{name: jnp.float32(getattr(config, name)) for name in HParams._fields})
-
-
-# --------------------------------------------------------------------------------------
-# Config
-# --------------------------------------------------------------------------------------
-# Defaults tuned on Pendulum-v1: rollouts of one whole 200-step episode per env learned faster
-# and more evenly across seeds than ppo.py's 32-step rollouts (benchmarks/README.md).
 @dataclasses.dataclass(frozen=True)
 class Config:
-    env_name: str = option("Pendulum-v1", "a gymnax environment with continuous actions (gymnax.registered_envs)")
-    total_timesteps: int = option(160_000, "environment steps per run (all envs together)")
-    num_envs: int = option(8, "parallel environments per run")
-    num_steps: int = option(200, "steps per environment in each rollout")
-    update_epochs: int = option(4, "passes over each rollout batch")
-    num_minibatches: int = option(8, "minibatches per epoch; must divide num_envs * num_steps")
-    lr: float = option(2.5e-3, "Adam learning rate (start value when annealed)")
-    anneal_lr: bool = option(True, "decay the learning rate linearly to 0 over all gradient steps")
-    gamma: float = option(0.97, "discount factor")
-    gae_lambda: float = option(0.95, "GAE lambda (bias/variance trade-off of advantages)")
-    clip_eps: float = option(0.2, "PPO ratio clip range; also clips the value update")
-    objective: str = option("ppo", "policy objective: ppo (clipped surrogate) or dpo (Discovered Policy Optimisation)")
-    dpo_alpha: float = option(2.0, "DPO's drift threshold where the advantage is >= 0 (objective dpo)")
-    dpo_beta: float = option(0.6, "DPO's drift threshold where the advantage is < 0 (objective dpo)")
-    ent_coef: float = option(0.01, "entropy bonus coefficient")
-    vf_coef: float = option(0.5, "value loss coefficient")
-    max_grad_norm: float = option(0.5, "global gradient-norm clip")
-    activation: str = option("tanh", "hidden activation: tanh or relu")
-    hidden_size: int = option(64, "units per hidden layer (actor and critic alike)")
-    num_layers: int = option(2, "hidden layers in actor and critic")
-    log_std_init: float = option(
-        0.0, "initial log standard deviation of the Gaussian policy (learned, the same for every state)"
+    """Every field is a command-line flag (`lr` is --lr); its annotation's text is the flag's help. Defaults
+    tuned on Pendulum-v1: rollouts of one whole 200-step episode per env learned faster and more evenly
+    across seeds than ppo.py's 32-step rollouts (benchmarks/README.md)."""
+
+    env_name: Annotated[str, "a gymnax environment with continuous actions (gymnax.registered_envs)"] = "Pendulum-v1"
+    total_timesteps: Annotated[int, "environment steps per run (all envs together)"] = 160_000
+    num_envs: Annotated[int, "parallel environments per run"] = 8
+    num_steps: Annotated[int, "steps per environment in each rollout"] = 200
+    update_epochs: Annotated[int, "passes over each rollout batch"] = 4
+    num_minibatches: Annotated[int, "minibatches per epoch; must divide num_envs * num_steps"] = 8
+    lr: Annotated[float, "Adam learning rate (start value when annealed)"] = 2.5e-3
+    anneal_lr: Annotated[bool, "decay the learning rate linearly to 0 over all gradient steps"] = True
+    gamma: Annotated[float, "discount factor"] = 0.97
+    gae_lambda: Annotated[float, "GAE lambda (bias/variance trade-off of advantages)"] = 0.95
+    clip_eps: Annotated[float, "PPO ratio clip range; also clips the value update"] = 0.2
+    objective: Annotated[str, "policy objective: ppo (clipped surrogate) or dpo (Discovered Policy Optimisation)"] = (
+        "ppo"
     )
-    squash: bool = option(False, "squash actions into the bounds with tanh (else clip them to the bounds)")
-    normalize_obs: bool = option(True, "normalise observations by a running per-feature mean and variance")
-    normalize_reward: bool = option(True, "divide rewards by a running std of the discounted return")
-    eval_episodes: int = option(16, "greedy evaluation episodes per run after training")
-    seed: int = option(0, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]")
-    num_seeds: int = option(8, "independent runs trained side by side (vmapped)")
+    dpo_alpha: Annotated[float, "DPO's drift threshold where the advantage is >= 0 (objective dpo)"] = 2.0
+    dpo_beta: Annotated[float, "DPO's drift threshold where the advantage is < 0 (objective dpo)"] = 0.6
+    ent_coef: Annotated[float, "entropy bonus coefficient"] = 0.01
+    vf_coef: Annotated[float, "value loss coefficient"] = 0.5
+    max_grad_norm: Annotated[float, "global gradient-norm clip"] = 0.5
+    activation: Annotated[str, "hidden activation: tanh or relu"] = "tanh"
+    hidden_size: Annotated[int, "units per hidden layer (actor and critic alike)"] = 64
+    num_layers: Annotated[int, "hidden layers in actor and critic"] = 2
+    log_std_init: Annotated[float, "initial log std of the Gaussian policy (learned, the same for every state)"] = 0.0
+    squash: Annotated[bool, "squash actions into the bounds with tanh (else clip them to the bounds)"] = False
+    normalize_obs: Annotated[bool, "normalise observations by a running per-feature mean and variance"] = True
+    normalize_reward: Annotated[bool, "divide rewards by a running std of the discounted return"] = True
+    eval_episodes: Annotated[int, "greedy evaluation episodes per run after training"] = 16
+    seed: Annotated[int, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]"] = 0
+    num_seeds: Annotated[int, "independent runs trained side by side (vmapped)"] = 8
 
     @property
     def steps_per_update(self) -> int:
@@ -176,194 +142,7 @@ def validate_hparams(values: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Environment loop (the same in every algorithm file: tests/test_files.py)
-# --------------------------------------------------------------------------------------
-def make_env(env_name: str):
-    """gymnax.make, with errors a user can act on; only the ACTIONS this file's algorithm takes."""
-    import gymnax
-
-    if env_name not in gymnax.registered_envs:
-        raise ConfigError(
-            f"--env-name {env_name!r} is not registered with gymnax; choose one of {', '.join(gymnax.registered_envs)}"
-            " (or register one with gymnax.register; the repository's run harness adds brax/, craftax/ and xminigrid/)"
-        )
-    try:
-        env, env_params = gymnax.make(env_name)
-    except Exception as error:  # e.g. MNISTBandit downloads its data set
-        raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
-    kind = "discrete" if isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete) else "continuous"
-    require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; {os.path.basename(__file__)} takes {ACTIONS}")
-    return env, env_params
-
-
-class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
-    state: Any
-    reward: jax.Array  # [num_envs] float32
-    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
-    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
-
-
-class StepNoise(NamedTuple):
-    """Everything random that one env step consumes, drawn ahead for a whole rollout."""
-
-    key: jax.Array  # [num_envs] keys for the transition itself
-    reset_obs: Any  # [num_envs or num_resets, ...] fresh episodes' first observations (None: no resets)
-    reset_state: Any
-    new: jax.Array  # bool: the fresh episodes were drawn for this step, not repeated from an earlier one
-
-
-class Reserved(NamedTuple):
-    """The state of envs that hold a fresh episode in reserve (those whose reset costs more than a step)."""
-
-    env: Any  # [num_envs] the envs' states
-    obs: jax.Array  # [num_envs, obs_dim] each env's reserve: the first observation it starts next
-    state: Any  # [num_envs] and its env state
-    redrawn: jax.Array  # reserves redrawn so far; the next redraw replaces reserve redrawn % num_envs
-
-
-class VecEnv:
-    """`num_envs` copies of a gymnax env, stepped together; observations and continuous actions flat float32.
-
-    gymnax's stock `Environment.step` draws a reset state at every step, and on CPU each random draw
-    inside a loop is a small loop of its own: for envs that use it, `presample` draws the keys and
-    reset states of a whole rollout in one batched call and `step` auto-resets from them. Envs that
-    override `step` (DeepSea) are stepped through it. An env whose reset costs more than a step may
-    declare `envs_per_reset`: then each env holds a fresh episode in reserve, starts it when its
-    episode ends, and one reserve per `envs_per_reset` env steps is redrawn in turn; envs that finish
-    together still start distinct episodes.
-    """
-
-    def __init__(self, env_name: str, num_envs: int):
-        from gymnax.environments.environment import Environment
-
-        self.env, self.params = make_env(env_name)
-        self.num_envs, self.max_episode_steps = num_envs, int(self.params.max_steps_in_episode)
-        self.obs_shape = tuple(self.env.observation_space(self.params).shape)
-        self.obs_dim = int(np.prod(self.obs_shape))
-        space = self.env.action_space(self.params)
-        self.num_actions = int(getattr(space, "n", 0))  # discrete actions: how many
-        self.action_shape, self.action_dim = tuple(space.shape), int(np.prod(space.shape))  # continuous actions
-        self.action_low, self.action_high = (  # their bounds, flat [action_dim] float32
-            np.broadcast_to(np.asarray(getattr(space, bound, 0), np.float32), space.shape).reshape(-1)
-            for bound in ("low", "high")
-        )
-        self.stock_step = type(self.env).step is Environment.step
-        envs_per_reset = getattr(self.env, "envs_per_reset", 1)
-        self.num_resets = -(-num_envs // envs_per_reset)  # fresh episodes drawn every `reset_every` steps
-        self.reset_every = max(1, envs_per_reset // num_envs)
-        self.reserve = self.stock_step and self.num_resets < num_envs
-
-    def _flat(self, obs: jax.Array) -> jax.Array:
-        batch_shape = obs.shape[: obs.ndim - len(self.obs_shape)]
-        return obs.reshape(*batch_shape, self.obs_dim).astype(jnp.float32)
-
-    def reset(self, key: jax.Array):
-        keys = jax.random.split(key, (2 if self.reserve else 1) * self.num_envs)
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
-        if not self.reserve:
-            return self._flat(obs), state
-        now, ahead = (
-            jax.tree.map(lambda x: x[half], (self._flat(obs), state))
-            for half in (slice(None, self.num_envs), slice(self.num_envs, None))
-        )
-        return now[0], Reserved(env=now[1], obs=ahead[0], state=ahead[1], redrawn=jnp.int32(0))
-
-    def presample(self, key: jax.Array, num_steps: int, resets: bool = True) -> StepNoise:
-        """The randomness of `num_steps` steps; without `resets`, episodes that end are not restarted
-        (evaluation scores each env's first episode only: no fresh episode need be drawn)."""
-        step_keys, reset_keys = jax.random.split(key, (2, num_steps, self.num_envs))
-        new = jnp.arange(num_steps) % self.reset_every == 0
-        if not (self.stock_step and resets):
-            return StepNoise(key=step_keys, reset_obs=None, reset_state=None, new=new)
-        reset_env = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
-        reset_obs, reset_state = reset_env(reset_keys[:: self.reset_every, : self.num_resets], self.params)
-        fresh = (self._flat(reset_obs), reset_state)
-        if self.reset_every > 1:  # step t sees the episodes drawn at step t - t % reset_every
-            fresh = jax.tree.map(lambda x: jnp.repeat(x, self.reset_every, axis=0)[:num_steps], fresh)
-        return StepNoise(key=step_keys, reset_obs=fresh[0], reset_state=fresh[1], new=new)
-
-    def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
-        action = action.reshape(self.num_envs, *self.action_shape)
-        if not self.stock_step:
-            obs, state, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
-                noise.key, state, action, self.params
-            )
-            final_obs = self._flat(info["final_observation"])
-            return EnvStep(self._flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
-        obs, stepped, reward, terminated, _ = jax.vmap(self.env.step_env, in_axes=(0, 0, 0, None))(
-            noise.key, state.env if self.reserve else state, action, self.params
-        )
-        truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(stepped, self.params)
-        done = terminated | truncated
-        final_obs = self._flat(obs)
-        fresh = (noise.reset_obs, noise.reset_state)
-        if noise.reset_state is None:  # presample(resets=False): an ended episode stays where it ended
-            fresh = (final_obs, stepped)
-        elif self.reserve:  # each env starts its reserve; this step's fresh episodes replace the next ones
-            fresh, slots = (state.obs, state.state), (state.redrawn + jnp.arange(self.num_resets)) % self.num_envs
-            redraw = lambda old, new: old.at[slots].set(jnp.where(noise.new, new, old[slots]))  # noqa: E731
-            redrawn = jax.tree.map(redraw, (state.obs, state.state), (noise.reset_obs, noise.reset_state))
-            state = Reserved(None, *redrawn, redrawn=state.redrawn + noise.new * self.num_resets)
-        select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
-        next_state = select(done, fresh[1], stepped)
-        return EnvStep(
-            obs=select(done, fresh[0], final_obs),
-            state=state._replace(env=next_state) if self.reserve else next_state,
-            reward=reward.astype(jnp.float32),
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=final_obs,
-        )
-
-
-class Episodes(NamedTuple):
-    """Every env's current episode, as training carries it from step to step, and totals over the
-    episodes that ended since `counting()` (at an update's start): their means are the logged metrics."""
-
-    env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
-    episode_return: jax.Array  # [num_envs] return so far
-    episode_length: jax.Array  # [num_envs] steps so far
-    finished: jax.Array  # int32: episodes that ended since counting began
-    return_sum: jax.Array  # float32: their returns, summed
-    length_sum: jax.Array  # int32: their lengths, summed
-
-    @classmethod
-    def start(cls, obs: jax.Array, env_state: Any) -> "Episodes":
-        zeros = jnp.zeros(obs.shape[0], jnp.int32)
-        return cls(env_state, obs, zeros.astype(jnp.float32), zeros, jnp.int32(0), jnp.float32(0), jnp.int32(0))
-
-    def counting(self) -> "Episodes":
-        return self._replace(finished=jnp.int32(0), return_sum=jnp.float32(0), length_sum=jnp.int32(0))
-
-    def after(self, step: EnvStep) -> "Episodes":
-        """The episodes after `step`: those that ended are counted and begin anew."""
-        done = step.terminated | step.truncated
-        episode_return, episode_length = self.episode_return + step.reward, self.episode_length + 1
-        return Episodes(
-            env_state=step.state,
-            obs=step.obs,
-            episode_return=jnp.where(done, 0.0, episode_return),
-            episode_length=jnp.where(done, 0, episode_length),
-            finished=self.finished + done.sum(),
-            return_sum=self.return_sum + jnp.where(done, episode_return, 0.0).sum(),
-            length_sum=self.length_sum + jnp.where(done, episode_length, 0).sum(),
-        )
-
-    def metrics(self) -> dict:
-        """Mean return and length of the episodes counted: NaN when none ended."""
-        mean = lambda total: jnp.where(self.finished > 0, total / jnp.maximum(self.finished, 1), jnp.nan)  # noqa: E731
-        return {
-            "episode_return": mean(self.return_sum),
-            "episode_length": mean(self.length_sum),
-            "episodes_finished": self.finished,
-        }
-
-
-# --------------------------------------------------------------------------------------
-# Networks
+# Networks and the Gaussian policy
 # --------------------------------------------------------------------------------------
 class MLP(nn.Module):
     """Separate actor and critic towers share this shape; only the output scale differs."""
@@ -382,21 +161,16 @@ class MLP(nn.Module):
         return nn.Dense(self.out_dim, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
 
 
-class GaussianActor(nn.Module):
-    """Mean from an MLP (small initial output: the first policy is centred on 0); the log std is
-    one learned vector, the same for every state."""
+class GaussianActor(MLP):
+    """The MLP gives the mean (out_scale 0.01: the first policy is centred on 0); the log std is one
+    learned vector, the same for every state."""
 
-    action_dim: int
-    log_std_init: float
-    hidden_size: int
-    num_layers: int
-    activation: str
+    log_std_init: float = 0.0
 
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        mean = MLP(self.action_dim, 0.01, self.hidden_size, self.num_layers, self.activation)(x)
-        log_std = self.param("log_std", nn.initializers.constant(self.log_std_init), (self.action_dim,))
-        return mean, log_std
+        log_std = self.param("log_std", nn.initializers.constant(self.log_std_init), (self.out_dim,))
+        return super().__call__(x), log_std
 
 
 class Networks(NamedTuple):
@@ -406,7 +180,8 @@ class Networks(NamedTuple):
 
 def make_networks(config: Config, action_dim: int) -> Networks:
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
-    return Networks(actor=GaussianActor(action_dim, config.log_std_init, **shape), critic=MLP(1, 1.0, **shape))
+    actor = GaussianActor(action_dim, 0.01, **shape, log_std_init=config.log_std_init)
+    return Networks(actor=actor, critic=MLP(1, 1.0, **shape))
 
 
 def policy(mean: jax.Array, log_std: jax.Array) -> distrax.Distribution:
@@ -416,19 +191,14 @@ def policy(mean: jax.Array, log_std: jax.Array) -> distrax.Distribution:
 
 
 class ActionMap(NamedTuple):
-    """From the Gaussian's sample u (what the rollout stores) to the action the env executes.
-
-    Clip (default): a = clip(u, low, high), and log-probabilities are those of the unclipped
-    sample u, as in CleanRL, Stable-Baselines3 and PureJAXRL: the clip is treated as part of
-    the environment, so the importance ratio of two Gaussians at the same u stays exact (the
-    clipped action's own distribution has point masses at the bounds, which no density ratio
-    of the Gaussian would describe). Squash: a = centre + half_range * tanh(u) (`bijector`), and
-    log p(a) = log N(u) - log|det da/du|, the change of variables; that term does not depend on
-    the parameters, so it cancels in the ratio, but it makes the stored log-probability the true
-    density of the executed action. It is taken at the stored u (forward_log_det_jacobian),
-    never through distrax.Transformed.log_prob(a): that inverts tanh, and atanh(a) is inf once
-    tanh(u) rounds to 1 (|u| > ~9 in float32) and inaccurate well before.
-    """
+    """From the Gaussian's sample u (what the rollout stores) to the action the env executes. Clip
+    (default): a = clip(u, low, high), log-probabilities those of the unclipped u, as in CleanRL,
+    Stable-Baselines3 and PureJAXRL: the clip is part of the environment, so the ratio of two Gaussians
+    at the same u stays exact (the clipped action's point masses at the bounds have no density ratio).
+    Squash: a = centre + half_range * tanh(u), log p(a) = log N(u) - log|det da/du|; that term cancels
+    in the ratio but makes the stored log-probability the executed action's true density. It is taken
+    at the stored u (forward_log_det_jacobian), never by distrax.Transformed.log_prob(a), whose
+    atanh(a) is inf once tanh(u) rounds to 1 (|u| > ~9 in float32) and inaccurate well before."""
 
     low: jax.Array
     high: jax.Array
@@ -451,31 +221,16 @@ class ActionMap(NamedTuple):
 
 
 def action_map(config: Config, env: "VecEnv") -> ActionMap:
-    return ActionMap(jnp.asarray(env.action_low), jnp.asarray(env.action_high), config.squash)
+    """The env's bounds; --squash needs them finite."""
+    low, high = env.action_low, env.action_high
+    bounded = np.isfinite(low).all() and np.isfinite(high).all()
+    require(bounded or not config.squash, f"--squash needs bounded actions; {config.env_name}'s are {low} to {high}")
+    return ActionMap(jnp.asarray(low), jnp.asarray(high), config.squash)
 
 
 # --------------------------------------------------------------------------------------
-# Training
+# Normalisers: running observation statistics, and the discounted return that scales rewards
 # --------------------------------------------------------------------------------------
-class Transition(NamedTuple):
-    obs: jax.Array  # [T, N, obs_dim] as the env gave it (not normalised)
-    action: jax.Array  # [T, N, action_dim] the Gaussian sample, before clipping or tanh
-    log_prob: jax.Array  # [T, N] under the policy that acted
-    reward: jax.Array  # [T, N] as the env gave it (not scaled)
-    terminated: jax.Array  # [T, N]
-    done: jax.Array  # [T, N] terminated or truncated: the next obs starts a new episode
-    final_obs: jax.Array  # [T, N, obs_dim] true next observation (for bootstrapping)
-
-
-class Batch(NamedTuple):
-    obs: jax.Array
-    action: jax.Array
-    log_prob: jax.Array
-    value: jax.Array
-    advantage: jax.Array
-    target: jax.Array
-
-
 class RunningStats(NamedTuple):
     """Mean and (population) variance of every sample seen so far, per feature."""
 
@@ -485,7 +240,7 @@ class RunningStats(NamedTuple):
 
     @classmethod
     def empty(cls, shape: tuple = ()) -> "RunningStats":
-        return cls(jnp.zeros(shape), jnp.ones(shape), jnp.zeros(()))
+        return cls(mean=jnp.zeros(shape), var=jnp.ones(shape), count=jnp.zeros(()))
 
 
 def update_stats(stats: RunningStats, batch: jax.Array) -> RunningStats:
@@ -499,7 +254,7 @@ def update_stats(stats: RunningStats, batch: jax.Array) -> RunningStats:
     delta = batch_mean - stats.mean
     mean = stats.mean + delta * (batch_count / count)
     m2 = stats.var * stats.count + batch_var * batch_count + jnp.square(delta) * (stats.count * batch_count / count)
-    return RunningStats(mean, m2 / count, count)
+    return RunningStats(mean=mean, var=m2 / count, count=count)
 
 
 def normalize(stats: RunningStats, x: jax.Array) -> jax.Array:
@@ -507,12 +262,48 @@ def normalize(stats: RunningStats, x: jax.Array) -> jax.Array:
     return jnp.clip((x - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10.0, 10.0)
 
 
+def discounted_returns(reward, done, gamma, initial):
+    """gym's NormalizeReward return per env, G_t = gamma * G_{t-1} + r_t, restarting from 0 after
+    every episode end, for a [T, N] rollout; `initial` [N] carries it across rollouts.
+    Returns (G [T, N], the carry for the next rollout)."""
+
+    def step(carry, x):
+        reward_t, done_t = x
+        g = gamma * carry + reward_t
+        return jnp.where(done_t, 0.0, g), g
+
+    last, returns = jax.lax.scan(step, initial, (reward, done))
+    return returns, last
+
+
+# --------------------------------------------------------------------------------------
+# The algorithm: GAE, the PPO loss, and the training loop
+# --------------------------------------------------------------------------------------
+class Transition(NamedTuple):
+    obs: jax.Array  # [T, N, obs_dim] as the env gave it (not normalised)
+    action: jax.Array  # [T, N, action_dim] the Gaussian sample, before clipping or tanh
+    log_prob: jax.Array  # [T, N] under the policy that acted
+    reward: jax.Array  # [T, N] as the env gave it (not scaled)
+    terminated: jax.Array  # [T, N]
+    done: jax.Array  # [T, N] terminated or truncated: the next obs starts a new episode
+    final_obs: jax.Array  # [T, N, obs_dim] true next observation (for bootstrapping)
+
+
+class Batch(NamedTuple):
+    obs: jax.Array  # normalised as when acting
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    advantage: jax.Array
+    target: jax.Array
+
+
 class Runner(NamedTuple):
     """Everything one run carries from update to update."""
 
-    params: Any
-    opt_state: Any  # Adam state over the flattened parameter vector
-    episodes: Episodes
+    params: Any  # {"actor": ..., "critic": ...}
+    opt_state: Any
+    episodes: "Episodes"
     obs_norm: RunningStats  # [obs_dim] statistics of every observation acted on, all envs together
     return_norm: RunningStats  # [] statistics of discounted_return, whose std scales the rewards
     discounted_return: jax.Array  # [num_envs] discounted return so far of each env's current episode
@@ -536,20 +327,6 @@ def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
     return advantage, advantage + value
 
 
-def discounted_returns(reward, done, gamma, initial):
-    """gym's NormalizeReward return per env, G_t = gamma * G_{t-1} + r_t, restarting from 0 after
-    every episode end, for a [T, N] rollout; `initial` [N] carries it across rollouts.
-    Returns (G [T, N], the carry for the next rollout)."""
-
-    def step(carry, x):
-        reward_t, done_t = x
-        g = gamma * carry + reward_t
-        return jnp.where(done_t, 0.0, g), g
-
-    last, returns = jax.lax.scan(step, initial, (reward, done))
-    return returns, last
-
-
 def policy_objective(config: Config, ratio, log_ratio, advantage, clip_eps):
     """Per sample, the policy loss from the ratio r = exp(log_ratio) of the new policy to the one that
     acted and the (normalised) advantage A. ppo: -min(r A, clip(r, 1 - clip_eps, 1 + clip_eps) A). dpo
@@ -564,12 +341,11 @@ def policy_objective(config: Config, ratio, log_ratio, advantage, clip_eps):
     return -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
 
 
-def ppo_loss(config: Config, networks: Networks, to_env: ActionMap, params, minibatch: Batch, hp: HParams):
+def ppo_loss(config: Config, networks: Networks, to_env: ActionMap, params, minibatch: Batch, hp: HParams, key):
     """The policy objective (clipped surrogate or DPO), the clipped value loss and the entropy bonus
-    of one minibatch."""
+    of one minibatch. `key` is unused by PPO itself: it is there for a loss that samples (noise, dropout)."""
     mean, log_std = networks.actor.apply(params["actor"], minibatch.obs)
-    log_prob = to_env.log_prob(minibatch.action, mean, log_std)
-    log_ratio = log_prob - minibatch.log_prob
+    log_ratio = to_env.log_prob(minibatch.action, mean, log_std) - minibatch.log_prob
     ratio = jnp.exp(log_ratio)
     advantage = minibatch.advantage
     advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
@@ -582,14 +358,8 @@ def ppo_loss(config: Config, networks: Networks, to_env: ActionMap, params, mini
     # With --squash this is the entropy before tanh: the squashed one has no closed form.
     entropy = policy(mean, log_std).entropy().mean()
     loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
-    stats = {
-        "loss": loss,
-        "policy_loss": policy_loss,
-        "value_loss": value_loss,
-        "entropy": entropy,
-        "approx_kl": ((ratio - 1) - log_ratio).mean(),
-        "clip_fraction": (jnp.abs(ratio - 1) > hp.clip_eps).mean(),
-    }
+    stats = dict(loss=loss, policy_loss=policy_loss, value_loss=value_loss, entropy=entropy)
+    stats.update(approx_kl=((ratio - 1) - log_ratio).mean(), clip_fraction=(jnp.abs(ratio - 1) > hp.clip_eps).mean())
     return loss, stats
 
 
@@ -599,165 +369,114 @@ def make_optimizer(config: Config, hparams: HParams):
     return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm), optax.adam(learning_rate=lr, eps=1e-5))
 
 
-def make_train(config: Config) -> Callable:
+def scale_rewards(config: Config, runner: Runner, transitions: Transition, hp: HParams):
+    """(rewards for the update, return statistics, discounted returns carried on). As gym's
+    NormalizeReward: r / std(discounted return), the std over every step and env so far (this
+    rollout included), so that returns, and the critic's targets, have a scale of about 1
+    whatever the env's reward scale is."""
+    if not config.normalize_reward:
+        return transitions.reward, runner.return_norm, runner.discounted_return
+    returns, discounted_return = discounted_returns(
+        transitions.reward, transitions.done, hp.gamma, runner.discounted_return
+    )
+    return_norm = update_stats(runner.return_norm, returns)
+    return transitions.reward / jnp.sqrt(return_norm.var + 1e-8), return_norm, discounted_return
+
+
+def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     """Returns `train(rng, hparams=None) -> (runner, metrics)` running the whole config, where
     `metrics` maps names to arrays of shape [num_updates]: `train.init(rng, hparams)`, then
-    `train.update(runner, update_index)` num_updates times in a `lax.scan`."""
+    `train.update(runner, update_index)` num_updates times in a `lax.scan`. `env` is the vectorised
+    environment to train in (default: `VecEnv(config.env_name, config.num_envs)`)."""
     validate(config)
-    env = VecEnv(config.env_name, config.num_envs)
-    bounded = np.isfinite(env.action_low).all() and np.isfinite(env.action_high).all()
-    require(
-        bounded or not config.squash,
-        f"--squash needs bounded actions; --env-name {config.env_name} has bounds {env.action_low} to "
-        f"{env.action_high}",
-    )
-    networks = make_networks(config, env.action_dim)
-    to_env = action_map(config, env)
+    env = VecEnv(config.env_name, config.num_envs) if env is None else env
+    networks, to_env = make_networks(config, env.action_dim), action_map(config, env)
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
-
-    def init_params(key: jax.Array):
-        actor_key, critic_key = jax.random.split(key)
-        dummy_obs = jnp.zeros((1, env.obs_dim))
-        return {
-            "actor": networks.actor.init(actor_key, dummy_obs),
-            "critic": networks.critic.init(critic_key, dummy_obs),
-        }
-
-    # The optimizer sees one flat vector instead of a dozen small arrays: on CPU every array is a
-    # separate kernel launch in Adam and in the gradient-norm clip, which dominated a step.
-    shapes = jax.eval_shape(init_params, jax.random.PRNGKey(0))
-    _, unravel = ravel_pytree(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes))
 
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
-        rng, params_key, env_key = jax.random.split(rng, 3)
-        params = init_params(params_key)
+        rng, actor_key, critic_key, env_key = jax.random.split(rng, 4)
+        obs = jnp.zeros((1, env.obs_dim))
+        params = {"actor": networks.actor.init(actor_key, obs), "critic": networks.critic.init(critic_key, obs)}
         return Runner(
-            params=params,
-            opt_state=make_optimizer(config, hparams).init(ravel_pytree(params)[0]),
-            episodes=Episodes.start(*env.reset(env_key)),
-            obs_norm=RunningStats.empty((env.obs_dim,)),
-            return_norm=RunningStats.empty(),
-            discounted_return=jnp.zeros(N),
-            rng=rng,
-            hparams=hparams,
-        )
+            params=params, opt_state=make_optimizer(config, hparams).init(params),
+            episodes=Episodes.start(*env.reset(env_key)), obs_norm=RunningStats.empty((env.obs_dim,)),
+            return_norm=RunningStats.empty(), discounted_return=jnp.zeros(N), rng=rng, hparams=hparams,
+        )  # fmt: skip
 
-    def rollout(runner: Runner, key: jax.Array, norm: Callable):
+    def rollout(params, episodes: "Episodes", key: jax.Array, norm: Callable):
         """T steps of every env under the current policy: (the episodes after them, [T, N] transitions)."""
 
-        def env_step(episodes: Episodes, noise):
-            action_noise, env_noise = noise
-            mean, log_std = networks.actor.apply(runner.params["actor"], norm(episodes.obs))
-            action = mean + jnp.exp(log_std) * action_noise
-            log_prob = to_env.log_prob(action, mean, log_std)
-            step = env.step(env_noise, episodes.env_state, to_env(action))
+        def env_step(episodes: Episodes, key: jax.Array):
+            action_key, env_key = jax.random.split(key)
+            action, log_prob = sample_action(networks, to_env, params, norm(episodes.obs), action_key)
+            step = env.step(env_key, episodes.env_state, to_env(action))
             transition = Transition(
-                obs=episodes.obs,
-                action=action,
-                log_prob=log_prob,
-                reward=step.reward,
-                terminated=step.terminated,
-                done=step.terminated | step.truncated,
-                final_obs=step.final_obs,
-            )
+                obs=episodes.obs, action=action, log_prob=log_prob, reward=step.reward, terminated=step.terminated,
+                done=step.terminated | step.truncated, final_obs=step.final_obs,
+            )  # fmt: skip
             return episodes.after(step), transition
 
-        # All randomness of the rollout is drawn here in two batched calls, not step by step.
-        action_key, env_key = key
-        noise = (jax.random.normal(action_key, (T, N, env.action_dim)), env.presample(env_key, T))
-        return jax.lax.scan(env_step, runner.episodes.counting(), noise)
+        return jax.lax.scan(env_step, episodes.counting(), jax.random.split(key, T))
 
     def make_batch(params, transitions: Transition, reward: jax.Array, norm: Callable, hp: HParams) -> Batch:
         """The rollout (observations normalised) with its values, GAE advantages and value targets
         for the (scaled) `reward`, flattened to [T * N]."""
-        batch_obs = norm(transitions.obs)
-        # The critic is not needed to act, so it runs once over the whole rollout instead of
-        # once per step; V(final_obs) gives every step's bootstrap value, last step included.
-        observations = jnp.concatenate([batch_obs, norm(transitions.final_obs)])
-        values = networks.critic.apply(params["critic"], observations)[..., 0]
-        value, next_value = values[:T], values[T:]
-        terminated = transitions.terminated.astype(jnp.float32)
-        advantage, target = compute_gae(
-            reward, value, next_value, terminated, transitions.done, hp.gamma, hp.gae_lambda
-        )
+        obs, final_obs = norm(transitions.obs), norm(transitions.final_obs)
+        # V(final_obs) gives every step's bootstrap value, the last step's included.
+        value, next_value = networks.critic.apply(params["critic"], jnp.stack([obs, final_obs]))[..., 0]
+        terminated, done = transitions.terminated.astype(jnp.float32), transitions.done
+        advantage, target = compute_gae(reward, value, next_value, terminated, done, hp.gamma, hp.gae_lambda)
         batch = Batch(
-            obs=batch_obs,
-            action=transitions.action,
-            log_prob=transitions.log_prob,
-            value=value,
-            advantage=advantage,
+            obs=obs, action=transitions.action, log_prob=transitions.log_prob, value=value, advantage=advantage,
             target=target,
-        )
+        )  # fmt: skip
         return jax.tree.map(lambda x: x.reshape(T * N, *x.shape[2:]), batch)
 
-    def scale_rewards(runner: Runner, transitions: Transition, hp: HParams):
-        """(rewards for the update, return statistics, discounted returns carried on). As gym's
-        NormalizeReward: r / std(discounted return), the std over every step and env so far (this
-        rollout included), so that returns, and the critic's targets, have a scale of about 1
-        whatever the env's reward scale is."""
-        if not config.normalize_reward:
-            return transitions.reward, runner.return_norm, runner.discounted_return
-        returns, discounted_return = discounted_returns(
-            transitions.reward, transitions.done, hp.gamma, runner.discounted_return
-        )
-        return_norm = update_stats(runner.return_norm, returns)
-        return transitions.reward / jnp.sqrt(return_norm.var + 1e-8), return_norm, discounted_return
-
-    def learn(flat_params, opt_state, batch: Batch, key: jax.Array, hp: HParams):
+    def learn(params, opt_state, batch: Batch, key: jax.Array, hp: HParams):
         """`update_epochs` passes of shuffled minibatch steps over the batch."""
         optimizer = make_optimizer(config, hp)
 
-        def minibatch_step(train, minibatch: Batch):
-            flat_params, opt_state = train
-            loss = lambda p: ppo_loss(config, networks, to_env, unravel(p), minibatch, hp)  # noqa: E731
-            grads, stats = jax.grad(loss, has_aux=True)(flat_params)
+        def minibatch_step(train, inputs):
+            (params, opt_state), (minibatch, key) = train, inputs
+            grad = jax.grad(ppo_loss, argnums=3, has_aux=True)
+            grads, stats = grad(config, networks, to_env, params, minibatch, hp, key)
             updates, opt_state = optimizer.update(grads, opt_state)
-            stats["grad_norm"] = jnp.linalg.norm(grads)
-            return (flat_params + updates, opt_state), stats
+            return (optax.apply_updates(params, updates), opt_state), {**stats, "grad_norm": optax.tree.norm(grads)}
 
-        def epoch(train, order):
+        def epoch(train, key):
+            order_key, loss_key = jax.random.split(key)
+            order = jax.random.permutation(order_key, T * N)
             minibatches = jax.tree.map(lambda x: x[order].reshape(M, T * N // M, *x.shape[1:]), batch)
-            return jax.lax.scan(minibatch_step, train, minibatches)
+            return jax.lax.scan(minibatch_step, train, (minibatches, jax.random.split(loss_key, M)))
 
-        # Every epoch's shuffle in one batched sort, not one sort per epoch.
-        orders = jax.vmap(jax.random.permutation, in_axes=(0, None))(jax.random.split(key, config.update_epochs), T * N)
-        return jax.lax.scan(epoch, (flat_params, opt_state), orders)
+        return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, config.update_epochs))
 
     def update(runner: Runner, update_index: jax.Array):
         hp = runner.hparams
+        rng, rollout_key, learn_key = jax.random.split(runner.rng, 3)
         # The statistics stay fixed for the rollout and its update: the update then sees exactly
         # the inputs the policy acted on (its first ratios are 1); this rollout's observations
         # join the statistics for the next one.
         acting_stats = runner.obs_norm
         norm = (lambda x: normalize(acting_stats, x)) if config.normalize_obs else (lambda x: x)
-        rng, action_key, env_key = jax.random.split(runner.rng, 3)
-        episodes, transitions = rollout(runner, (action_key, env_key), norm)
-        reward, return_norm, discounted_return = scale_rewards(runner, transitions, hp)
+        episodes, transitions = rollout(runner.params, runner.episodes, rollout_key, norm)
+        reward, return_norm, discounted_return = scale_rewards(config, runner, transitions, hp)
         obs_norm = update_stats(runner.obs_norm, transitions.obs) if config.normalize_obs else runner.obs_norm
         batch = make_batch(runner.params, transitions, reward, norm, hp)
-        rng, shuffle_key = jax.random.split(rng)
-        flat_params = ravel_pytree(runner.params)[0]
-        (flat_params, opt_state), stats = learn(flat_params, runner.opt_state, batch, shuffle_key, hp)
-        params = unravel(flat_params)
+        (params, opt_state), stats = learn(runner.params, runner.opt_state, batch, learn_key, hp)
         metrics = {
             "env_steps": (update_index + 1) * T * N,
             **episodes.metrics(),
             **{name: value.mean() for name, value in stats.items()},
             "action_std": jnp.exp(params["actor"]["params"]["log_std"]).mean(),
             "return_std": jnp.sqrt(return_norm.var),
-            "finite": jnp.isfinite(stats["loss"]).all() & jnp.isfinite(flat_params).all(),
+            "finite": jnp.isfinite(stats["loss"]).all() & jnp.isfinite(optax.tree.norm(params)),
         }
         runner = Runner(
-            params=params,
-            opt_state=opt_state,
-            episodes=episodes,
-            obs_norm=obs_norm,
-            return_norm=return_norm,
-            discounted_return=discounted_return,
-            rng=rng,
-            hparams=hp,
-        )
+            params=params, opt_state=opt_state, episodes=episodes, obs_norm=obs_norm, return_norm=return_norm,
+            discounted_return=discounted_return, rng=rng, hparams=hp,
+        )  # fmt: skip
         return runner, metrics
 
     def train(rng: jax.Array, hparams: HParams | None = None):
@@ -768,112 +487,236 @@ def make_train(config: Config) -> Callable:
 
 
 # --------------------------------------------------------------------------------------
-# Evaluation
+# The policy's action
 # --------------------------------------------------------------------------------------
+def sample_action(networks: Networks, to_env: ActionMap, params, obs: jax.Array, key: jax.Array):
+    """A Gaussian sample u per (normalised) observation, drawn from `key`, and its log-probability."""
+    mean, log_std = networks.actor.apply(params["actor"], obs)
+    action = policy(mean, log_std).sample(seed=key)
+    return action, to_env.log_prob(action, mean, log_std)
+
+
+def make_greedy_policy(config: Config, env: "VecEnv") -> "Policy":
+    """The Gaussian's mean, clipped or squashed into the bounds, of observations normalised by
+    the saved statistics, frozen (no carry: the policy is not recurrent)."""
+    networks, to_env = make_networks(config, env.action_dim), action_map(config, env)
+
+    def act(params, carry, obs: jax.Array, start: jax.Array, key: jax.Array):
+        if config.normalize_obs:
+            obs = normalize(RunningStats(**params["obs_norm"]), obs)
+        return carry, to_env(networks.actor.apply(params["actor"], obs)[0])
+
+    return Policy(init=lambda num_envs: (), act=act)
+
+
 def saved_params(runner: Runner) -> dict:
     """What params.msgpack holds and `make_evaluate` takes: the networks and the normalisation
     statistics (as dicts, so that flax.serialization.msgpack_restore gives back the same tree)."""
     return {**runner.params, "obs_norm": runner.obs_norm._asdict(), "return_norm": runner.return_norm._asdict()}
 
 
-def make_greedy_policy(config: Config, env: VecEnv) -> "GreedyPolicy":
-    """The Gaussian's mean, clipped or squashed into the bounds, of observations normalised by
-    the saved statistics, frozen."""
-    networks = make_networks(config, env.action_dim)
-    to_env = action_map(config, env)
-
-    def act(params, carry, obs: jax.Array, start: jax.Array):
-        if config.normalize_obs:
-            obs = normalize(RunningStats(**params["obs_norm"]), obs)
-        return carry, to_env(networks.actor.apply(params["actor"], obs)[0])
-
-    return GreedyPolicy(init=lambda num_envs: (), act=act)
-
-
 # --------------------------------------------------------------------------------------
-# Greedy evaluation (the same in every algorithm file: tests/test_files.py)
+# Running this file (the same in every algorithm file: tests/test_files.py): config helpers, the
+# environment loop, greedy evaluation and the command line. In the repository, `python
+# algorithms/<name>.py` hands over to the run harness beside it (algorithms/onefile_harness); a copy
+# of this file alone runs `main`.
 # --------------------------------------------------------------------------------------
-class GreedyPolicy(NamedTuple):
-    init: Callable  # init(num_envs) -> the policy's own carry (e.g. a recurrent state)
-    act: Callable  # act(params, carry, obs, start) -> (carry, action); start: obs begins an episode
+class ConfigError(ValueError):
+    """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""
 
 
-class Evaluating(NamedTuple):
-    """What the evaluation loop carries from one env step to the next."""
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def require_positive(config, names: tuple) -> None:
+    for name in names:
+        require(getattr(config, name) > 0, f"{flag(name)} must be a positive integer, got {getattr(config, name)}")
+
+
+def hparams_from(config) -> HParams:  # the Config's own values of the sweepable fields
+    return HParams(**{name: jnp.float32(getattr(config, name)) for name in HParams._fields})
+
+
+def make_env(env_name: str):
+    """gymnax.make, with errors a user can act on; only the ACTIONS this file's algorithm takes."""
+    import gymnax
+
+    names = gymnax.registered_envs
+    require(env_name in names, f"--env-name {env_name!r} is not a gymnax environment; choose one of {', '.join(names)}")
+    env, env_params = gymnax.make(env_name)
+    kind = "discrete" if isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete) else "continuous"
+    require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; {os.path.basename(__file__)} takes {ACTIONS}")
+    return env, env_params
+
+
+class EnvStep(NamedTuple):
+    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    state: Any
+    reward: jax.Array  # [num_envs] float32
+    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
+    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
+    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+
+
+class VecEnv:
+    """`num_envs` copies of a gymnax env stepped by gymnax's own `step` (auto-reset, the true final
+    observation) under `jax.vmap`; observations flat float32, actions in the env's shape."""
+
+    def __init__(self, env_name: str, num_envs: int):
+        self.env, self.params = make_env(env_name)
+        self.num_envs, self.max_episode_steps = num_envs, int(self.params.max_steps_in_episode)
+        self.obs_shape = tuple(self.env.observation_space(self.params).shape)
+        self.obs_dim = int(np.prod(self.obs_shape))
+        space = self.env.action_space(self.params)
+        self.num_actions = int(getattr(space, "n", 0))  # discrete actions: how many
+        self.action_shape, self.action_dim = tuple(space.shape), int(np.prod(space.shape))  # continuous actions
+        bounds = [np.broadcast_to(np.float32(getattr(space, end, 0)), space.shape) for end in ("low", "high")]
+        self.action_low, self.action_high = (bound.reshape(-1) for bound in bounds)  # flat [action_dim]
+
+    def flat(self, obs: jax.Array) -> jax.Array:
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], self.obs_dim).astype(jnp.float32)
+
+    def reset(self, key: jax.Array):
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
+        return self.flat(obs), state
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
+        step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))
+        keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
+        obs, state, reward, terminated, truncated, info = step(keys, state, action, self.params)
+        final_obs = self.flat(info["final_observation"])
+        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+
+
+class Episodes(NamedTuple):
+    """Every env's current episode, and sums over the episodes that ended since `counting()` (an
+    update's start): their means are the logged metrics."""
 
     env_state: Any
+    obs: jax.Array  # [num_envs, obs_dim]
+    episode_return: jax.Array  # [num_envs] return so far
+    episode_length: jax.Array  # [num_envs] steps so far
+    finished: jax.Array = None  # int32: episodes that ended since counting began
+    return_sum: jax.Array = None  # float32: their returns, summed
+    length_sum: jax.Array = None  # int32: their lengths, summed
+
+    @classmethod
+    def start(cls, obs: jax.Array, env_state: Any) -> "Episodes":
+        return cls(env_state, obs, jnp.zeros(obs.shape[0]), jnp.zeros(obs.shape[0], jnp.int32)).counting()
+
+    def counting(self) -> "Episodes":
+        return self._replace(finished=jnp.int32(0), return_sum=jnp.float32(0), length_sum=jnp.int32(0))
+
+    def after(self, step: EnvStep) -> "Episodes":
+        """The episodes after `step`: those that ended are counted and begin anew."""
+        done, ret, length = step.terminated | step.truncated, self.episode_return + step.reward, self.episode_length + 1
+        ended = lambda x: jnp.where(done, x, 0).sum()  # noqa: E731
+        sums = (self.finished + done.sum(), self.return_sum + ended(ret), self.length_sum + ended(length))
+        return Episodes(step.state, step.obs, jnp.where(done, 0.0, ret), jnp.where(done, 0, length), *sums)
+
+    def metrics(self) -> dict:
+        """Mean return and length of the episodes counted: NaN when none ended."""
+        mean = lambda total: jnp.where(self.finished > 0, total / jnp.maximum(self.finished, 1), jnp.nan)  # noqa: E731
+        return dict(episode_return=mean(self.return_sum), episode_length=mean(self.length_sum), **{
+            "episodes_finished": self.finished})  # fmt: skip
+
+
+class Policy(NamedTuple):
+    init: Callable  # init(num_envs) -> the policy's own carry (e.g. a recurrent state)
+    act: Callable  # act(params, carry, obs, start, key) -> (carry, action); start: obs begins an episode
+
+
+class Evaluating(NamedTuple):  # what evaluation carries from step to step
+    env_state: Any
     obs: jax.Array
-    policy: Any  # the greedy policy's own carry
-    total: jax.Array  # [episodes] return so far
-    alive: jax.Array  # [episodes] bool: the episode has not ended yet
+    policy: Any  # the policy's own carry
+    total: jax.Array  # [episodes] return so far: each env's first episode is scored, and only it
+    alive: jax.Array  # [episodes] bool: that episode has not ended yet
     rng: jax.Array
     t: jax.Array  # env steps taken
 
 
-def make_evaluate(config: Config) -> Callable:
-    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes, one per
-    env, each scored until it ends; `params` as `saved_params` gives them."""
+def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
+    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes, one per env
+    of `env` (default: VecEnv(config.env_name, config.eval_episodes)), each scored until it ends."""
     validate(config)
-    env = VecEnv(config.env_name, config.eval_episodes)
+    env = VecEnv(config.env_name, config.eval_episodes) if env is None else env
     policy = make_greedy_policy(config, env)
 
     def env_step(params, carry: Evaluating) -> Evaluating:
-        rng, key = jax.random.split(carry.rng)
-        noise = jax.tree.map(lambda x: x[0], env.presample(key, 1, resets=False))
-        start = jnp.full(env.num_envs, carry.t == 0)  # an env that ended is no longer scored: no restart
-        policy_carry, action = policy.act(params, carry.policy, carry.obs, start)
-        step = env.step(noise, carry.env_state, action)
-        return Evaluating(
-            env_state=step.state,
-            obs=step.obs,
-            policy=policy_carry,
-            total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
-            alive=carry.alive & ~(step.terminated | step.truncated),
-            rng=rng,
-            t=carry.t + 1,
+        rng, act_key, env_key = jax.random.split(carry.rng, 3)
+        policy_carry, action = policy.act(
+            params, carry.policy, carry.obs, jnp.full(env.num_envs, carry.t == 0), act_key
         )
+        step, total = env.step(env_key, carry.env_state, action), carry.total
+        total, alive = (
+            total + jnp.where(carry.alive, step.reward, 0.0),
+            carry.alive & ~(step.terminated | step.truncated),
+        )
+        return Evaluating(step.state, step.obs, policy_carry, total=total, alive=alive, rng=rng, t=carry.t + 1)
 
     def evaluate(params, rng: jax.Array) -> jax.Array:
         reset_key, rng = jax.random.split(rng)
         obs, env_state = env.reset(reset_key)
-        carry, alive, total = policy.init(env.num_envs), jnp.ones(env.num_envs, bool), jnp.zeros(env.num_envs)
-        first = Evaluating(env_state=env_state, obs=obs, policy=carry, total=total, alive=alive, rng=rng, t=0)
+        alive, total = jnp.ones(env.num_envs, bool), jnp.zeros(env.num_envs)
+        first = Evaluating(env_state, obs, policy.init(env.num_envs), total=total, alive=alive, rng=rng, t=0)
         running = lambda carry: carry.alive.any() & (carry.t < env.max_episode_steps)  # noqa: E731
         return jax.lax.while_loop(running, lambda carry: env_step(params, carry), first).total.mean()
 
     return evaluate
 
 
-# --------------------------------------------------------------------------------------
-# Command line (the same in every algorithm file: tests/test_files.py). In the repository,
-# `python algorithms/<name>.py` hands over to the run harness beside it (algorithms/onefile_harness:
-# sweeps, devices, progress, checkpoints, tracking, suites); a copy of this file alone runs `main`.
-# --------------------------------------------------------------------------------------
 def configure_xla() -> None:
-    """Sets XLA's flags for this file alone, before JAX's first computation (importing gymnax is
-    one); a flag already in XLA_FLAGS is left as it is. XLA's concurrency-optimised CPU scheduler
-    is turned off: it has deadlocked vmapped training (jaxlib 0.10). On a CPU-only install, backend
-    optimisation level 1 compiles faster and trains as fast (the run harness sets both too)."""
+    """XLA's flags for this file alone, set before JAX's first computation unless XLA_FLAGS has them:
+    the concurrency-optimised CPU scheduler off (it has deadlocked vmapped training, jaxlib 0.10), and
+    on a CPU-only install backend optimisation level 1 (compiles faster, trains as fast)."""
     flags = {"xla_cpu_enable_concurrency_optimized_scheduler": "false"}
-    accelerators = ("jax_cuda", "jax_rocm", "libtpu")
-    if os.environ.get("JAX_PLATFORMS", "").lower() == "cpu" or not any(
-        module.name.startswith(accelerators) for module in pkgutil.iter_modules()
-    ):
+    accelerator = any(module.name.startswith(("jax_cuda", "jax_rocm", "libtpu")) for module in pkgutil.iter_modules())
+    if os.environ.get("JAX_PLATFORMS", "").lower() == "cpu" or not accelerator:
         flags["xla_backend_optimization_level"] = "1"
     for name, value in flags.items():
         if name not in os.environ.get("XLA_FLAGS", ""):
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{name}={value}".strip()
 
 
+def train_in_chunks(config: Config, train, keys: jax.Array):
+    """All seeds in one vmapped program, called for a tenth of the updates at a time with progress
+    printed between calls; the updates past the run's end (in the last chunk) change nothing."""
+    num_updates, chunk = config.num_updates, -(-config.num_updates // 10)
+    runner = jax.jit(lambda keys: jax.lax.map(train.init, keys))(keys)  # as the harness does on CPU
+    shapes = jax.eval_shape(train.update, jax.eval_shape(train.init, keys[0]), 0)[1]
+    skip = lambda runner, index: (runner, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))  # noqa: E731
+    update = lambda runner, index: jax.lax.cond(index < num_updates, train.update, skip, runner, index)  # noqa: E731
+    scan = lambda runner, first: jax.lax.scan(update, runner, first + jnp.arange(chunk))  # noqa: E731
+    run, chunks, start = jax.jit(jax.vmap(scan, in_axes=(0, None)), donate_argnums=0), [], time.perf_counter()
+    for first in range(0, num_updates, chunk):
+        runner, metrics = run(runner, first)
+        chunks.append(jax.device_get(metrics))
+        done, returns = min(first + chunk, num_updates), chunks[-1]["episode_return"]
+        speed = done * config.steps_per_update * len(keys) / (time.perf_counter() - start)
+        mean = returns[np.isfinite(returns)].mean() if np.isfinite(returns).any() else np.nan
+        print(
+            f"update {done}/{num_updates}: return {mean:.1f}, {speed:,.0f} env steps/s (compile included)", flush=True
+        )
+    return runner, jax.tree.map(lambda *parts: np.concatenate(parts, axis=1)[:, :num_updates], *chunks)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """This file alone: every Config field a flag, all seeds trained in one jitted call, the greedy
+    """This file alone: every Config field a flag, all seeds trained in one vmapped program, the greedy
     policies evaluated, and config.json, metrics.npz, params.msgpack and summary.json written as the
     run harness writes them. Exits 2 on bad input (nothing written), 3 when NaN or inf appeared."""
-    name = os.path.basename(__file__)
+    name, fields = os.path.basename(__file__), dataclasses.fields(Config)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
-    for field in dataclasses.fields(Config):
-        kind = {"action": argparse.BooleanOptionalAction} if field.type is bool else {"type": field.type}
-        parser.add_argument(flag(field.name), default=field.default, help=field.metadata["doc"], **kind)
+    for field in fields:
+        kind, doc = typing.get_args(field.type)
+        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        parser.add_argument(flag(field.name), default=field.default, help=doc, **parse)
     parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
     try:
         args, unknown = parser.parse_known_args(argv)
@@ -881,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         require(
             not unknown, f"{' '.join(unknown)}: not an option of {name} alone, whose options --help lists {harness}"
         )
-        config = Config(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Config)})
+        config = Config(**{field.name: getattr(args, field.name) for field in fields})
         train, evaluate = make_train(config), make_evaluate(config)
         os.makedirs(args.runs_dir, exist_ok=True)
         prefix = f"{name[:-3]}-{config.env_name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-"
@@ -891,33 +734,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
     (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
-    start = time.perf_counter()
-    runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds))
-    metrics, seconds = jax.device_get(metrics), time.perf_counter() - start  # compilation included
+    start, keys = time.perf_counter(), jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+    runner, metrics = train_in_chunks(config, train, keys)
+    seconds = time.perf_counter() - start  # compilation included
     eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    eval_return = jax.jit(jax.vmap(evaluate))(saved_params(runner), eval_keys)
-    point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
+    return write_results(
+        run_dir, config, runner, metrics, jax.jit(jax.vmap(evaluate))(saved_params(runner), eval_keys), seconds
+    )
+
+
+def write_results(run_dir: pathlib.Path, config: Config, runner, metrics: dict, eval_return, seconds: float) -> int:
+    """metrics.npz, params.msgpack and summary.json as the run harness writes them (one sweep point),
+    and the results on stdout; returns the exit status: 3 when NaN or inf appeared."""
+    point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731
     wall = seconds * np.arange(1, config.num_updates + 1) / config.num_updates
     np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(eval_return), wall_seconds=wall)
     (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(saved_params(runner))))
-    return summarise(run_dir, config, metrics, eval_return, seconds)
-
-
-def summarise(run_dir: pathlib.Path, config: Config, metrics: dict, eval_return, seconds: float) -> int:
-    """summary.json and the results on stdout; returns the exit status."""
     last = -(-config.num_updates // 20)  # a run's final return: its episodes ending in the last 5% of updates
     returns, counts = metrics["episode_return"][:, -last:], metrics["episodes_finished"][:, -last:]
     with np.errstate(invalid="ignore", divide="ignore"):  # NaN: no episode ended in that window
         final = np.where(counts > 0, returns * counts, 0.0).sum(-1) / counts.sum(-1)
-    summary = {
-        "algorithm": os.path.basename(__file__)[:-3],
-        "env_name": config.env_name,
-        "num_seeds": config.num_seeds,
-        "trained_timesteps": config.num_updates * config.steps_per_update,
-        "final_return_per_seed": [float(x) if np.isfinite(x) else None for x in final],
-        "eval_return_mean": float(np.mean(eval_return)),
-        "train_seconds": seconds,
-    }
+    summary = dict(algorithm=os.path.basename(__file__)[:-3], env_name=config.env_name, num_seeds=config.num_seeds)
+    summary.update(trained_timesteps=config.num_updates * config.steps_per_update, train_seconds=seconds)
+    summary.update(final_return_per_seed=[float(x) if np.isfinite(x) else None for x in final])
+    summary.update(eval_return_mean=float(np.mean(eval_return)))
     bad = np.argwhere(~metrics["finite"].T)  # [update, seed] where NaN or inf appeared, earliest first
     if len(bad):
         summary["nonfinite"] = {"first_update": int(bad[0, 0]) + 1, "seed_index": int(bad[0, 1])}

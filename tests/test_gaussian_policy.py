@@ -1,8 +1,10 @@
 """ppo_continuous.py's Gaussian policy: log-probabilities and entropy against closed forms and
-numerical densities, for clipped and for tanh-squashed (rescaled) actions."""
+numerical densities, for clipped and for tanh-squashed (rescaled) actions, and the rollout's
+samples drawn from each step's key."""
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -86,3 +88,30 @@ def test_clipped_actions_keep_the_unclipped_samples_log_prob():
     np.testing.assert_array_equal(
         np.asarray(clip.log_prob(u, mean, log_std)), np.asarray(pc.policy(mean, log_std).log_prob(u))
     )
+
+
+@pytest.mark.parametrize("squash", [False, True])
+def test_sample_action_is_drawn_from_the_steps_key(squash):
+    """The rollout's action: u = mean + std * normal(key), drawn from the key the step is given (no noise
+    drawn ahead), with the stored log-probability of the closed form (minus log|da/du| when squashed)."""
+    config = pc.Config(hidden_size=8, num_layers=1, log_std_init=-0.4, squash=squash)
+    networks = pc.make_networks(config, action_dim=2)
+    params = {"actor": networks.actor.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))}
+    to_env = pc.ActionMap(jnp.array([-2.0, -1.0]), jnp.array([2.0, 3.0]), squash)
+    obs, key = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)), jnp.float32), jax.random.PRNGKey(7)
+    action, log_prob = pc.sample_action(networks, to_env, params, obs, key)
+    mean, log_std = networks.actor.apply(params["actor"], obs)
+    np.testing.assert_allclose(action, mean + np.exp(log_std) * jax.random.normal(key, (5, 2)), rtol=1e-6, atol=1e-7)
+    want = np.array([reference_log_prob(u, m, log_std) for u, m in zip(action, mean, strict=True)])
+    if squash:
+        half = np.array([2.0, 2.0])
+        want -= np.log(half * (1 - np.tanh(np.asarray(action, np.float64)) ** 2)).sum(-1)
+    np.testing.assert_allclose(log_prob, want, rtol=1e-5)
+    again, _ = pc.sample_action(networks, to_env, params, obs, key)
+    other, _ = pc.sample_action(networks, to_env, params, obs, jax.random.PRNGKey(8))
+    np.testing.assert_array_equal(again, action)
+    assert (np.asarray(other) != np.asarray(action)).all()
+    # Many draws: the Gaussian's own mean and std.
+    many, _ = jax.vmap(lambda k: pc.sample_action(networks, to_env, params, obs[:1], k))(jax.random.split(key, 20_000))
+    np.testing.assert_allclose(many[:, 0].mean(0), mean[0], atol=0.02)
+    np.testing.assert_allclose(many[:, 0].std(0), np.exp(log_std), rtol=0.02)

@@ -1,13 +1,14 @@
-"""ppo_continuous.py in training: the first PPO ratio of every update being 1, the observation
-statistics that training keeps, saves in params.msgpack and evaluates with, and its own bad
-inputs. Its policy and normalisers have test files of their own (test_gaussian_policy.py,
-test_running_stats.py). What every algorithm file shares (CLI, vmapped = single runs,
-sweeps, sharding) is tested in the shared test files."""
+"""ppo_continuous.py in training: its loss against NumPy, the first PPO ratio of every update being
+1, the observation statistics that training keeps, saves in params.msgpack and evaluates with, and
+its own bad inputs. Its policy and normalisers have test files of their own
+(test_gaussian_policy.py, test_running_stats.py). What every algorithm file shares (CLI, vmapped =
+single runs, sweeps, sharding) is tested in the shared test files."""
 
 import dataclasses
 import inspect
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import serialization
@@ -64,6 +65,58 @@ def test_first_ratio_of_every_update_is_one(squash, cli_run):
     assert metrics["finite"].all()
     np.testing.assert_array_equal(metrics["clip_fraction"], 0.0)
     np.testing.assert_allclose(metrics["approx_kl"], 0.0, atol=1e-9)
+
+
+def reference_ppo_loss(mean, log_std, value, batch, clip_eps, vf_coef, ent_coef):
+    """The clipped surrogate, clipped value loss and entropy bonus in NumPy (float64), from the networks'
+    outputs on the minibatch."""
+    mean, log_std, value = (np.asarray(x, np.float64) for x in (mean, log_std, value))
+    b = {k: np.asarray(v, np.float64) for k, v in batch._asdict().items()}
+    std = np.exp(log_std)
+    log_prob = (-((b["action"] - mean) ** 2) / (2 * std**2) - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
+    log_ratio = log_prob - b["log_prob"]
+    ratio = np.exp(log_ratio)
+    adv = (b["advantage"] - b["advantage"].mean()) / (b["advantage"].std() + 1e-8)
+    policy_loss = -np.minimum(ratio * adv, np.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv).mean()
+    clipped = b["value"] + np.clip(value - b["value"], -clip_eps, clip_eps)
+    value_loss = 0.5 * np.maximum((value - b["target"]) ** 2, (clipped - b["target"]) ** 2).mean()
+    entropy = (0.5 * np.log(2 * np.pi * np.e) + log_std).sum()
+    return policy_loss + vf_coef * value_loss - ent_coef * entropy, (ratio - 1 - log_ratio).mean()
+
+
+def test_ppo_loss_equals_numpy_and_its_gradient_is_jax_grad_of_it():
+    """The loss of a minibatch against NumPy; the update differentiates it with jax.grad alone (no
+    hand-written gradient, no flattened parameters): its gradient is the same whatever the key."""
+    config = pc.Config(hidden_size=16)
+    networks, to_env = pc.make_networks(config, 1), pc.ActionMap(jnp.array([-2.0]), jnp.array([2.0]), False)
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    obs = jnp.zeros((1, 3))
+    params = {"actor": networks.actor.init(keys[0], obs), "critic": networks.critic.init(keys[1], obs)}
+    params["actor"]["params"]["log_std"] = jnp.array([-0.3])
+    rng = np.random.default_rng(0)
+    batch = pc.Batch(
+        obs=jnp.asarray(rng.normal(size=(32, 3)), jnp.float32),
+        action=jnp.asarray(rng.normal(size=(32, 1)), jnp.float32),
+        log_prob=jnp.asarray(rng.normal(size=32) - 1.0, jnp.float32),
+        value=jnp.asarray(rng.normal(size=32) * 0.3, jnp.float32),
+        advantage=jnp.asarray(rng.normal(size=32), jnp.float32),
+        target=jnp.asarray(rng.normal(size=32), jnp.float32),
+    )
+    hp = pc.hparams_from(config)
+    loss, stats = pc.ppo_loss(config, networks, to_env, params, batch, hp, keys[2])
+    mean, log_std = networks.actor.apply(params["actor"], batch.obs)
+    value = networks.critic.apply(params["critic"], batch.obs)[:, 0]
+    coefs = (config.clip_eps, config.vf_coef, config.ent_coef)
+    want, approx_kl = reference_ppo_loss(mean, log_std, value, batch, *coefs)
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    np.testing.assert_allclose(stats["approx_kl"], approx_kl, rtol=1e-4)
+    grad = jax.grad(pc.ppo_loss, argnums=3, has_aux=True)
+    grads = [grad(config, networks, to_env, params, batch, hp, key)[0] for key in jax.random.split(keys[2], 2)]
+    jax.tree.map(np.testing.assert_array_equal, *grads)
+    # d loss / d log_std by central differences of the NumPy reference.
+    h, log_std_grad = 1e-3, grads[0]["actor"]["params"]["log_std"]
+    plus, minus = (reference_ppo_loss(mean, log_std + d, value, batch, *coefs)[0] for d in (h, -h))
+    np.testing.assert_allclose(log_std_grad, [(plus - minus) / (2 * h)], rtol=1e-3)
 
 
 def test_gae_is_ppos():
@@ -133,6 +186,11 @@ def test_restored_params_evaluate_to_the_saved_eval_return(cli_run):
     shifted = jax.tree.map(lambda x: x, params)
     shifted["obs_norm"]["mean"] = params["obs_norm"]["mean"] + 0.5
     assert float(evaluate(shifted, eval_keys[0])) != got[0]
+    # The greedy action is the mean: the key the policy is given changes nothing.
+    policy = pc.make_greedy_policy(config, pc.VecEnv(config.env_name, 3))
+    obs, start = jax.random.normal(jax.random.PRNGKey(1), (3, 3)), np.ones(3, bool)
+    actions = [policy.act(params, policy.init(3), obs, start, jax.random.PRNGKey(k))[1] for k in (0, 1)]
+    np.testing.assert_array_equal(*actions)
 
 
 # --------------------------------------------------------------------------------------
