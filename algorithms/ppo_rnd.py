@@ -1,16 +1,16 @@
 """PPO with random network distillation (RND, Burda et al. 2018) for discrete-action gymnax environments,
 in one file: `python ppo_rnd.py --env-name MountainCar-v0 --num-seeds 16` (--help lists every option).
-An exploration bonus, the error of a trained predictor network at matching a fixed random target network
-on the next observation, is learned by a second value head as a non-episodic return beside the episodic
-extrinsic one. The whole run (rollout, intrinsic rewards, two-stream GAE, epochs of shuffled minibatch
-updates) is one jitted function, and seeds (and sweep points: the float hyperparameters in HParams) are
-vmapped into one program:
+The exploration bonus, a trained predictor's error at matching a fixed random network on the next
+observation, is learned by a second value head as a non-episodic return beside the episodic extrinsic
+one. The whole run (rollout, intrinsic rewards, two-stream GAE, epochs of shuffled minibatch updates) is
+one jitted function, and seeds (and sweep points: the float hyperparameters in HParams) are vmapped:
 
     train = make_train(Config(env_name="DeepSea-bsuite"))
     runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
 
 Depends only on jax, flax, optax, chex, gymnax and numpy: copy it anywhere and it runs. Importing
-it defines things and does nothing else.
+it defines things and does nothing else. The algorithm comes first; the blocks that let the file
+run alone (environment loop, evaluation, command line) are last, the same in every file.
 """
 
 import argparse
@@ -22,8 +22,9 @@ import pkgutil
 import sys
 import tempfile
 import time
+import typing
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import chex
 import flax.linen as nn
@@ -32,81 +33,50 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import serialization
-from jax.flatten_util import ravel_pytree
 
 # gymnax is imported where an environment is made, not here: it computes with JAX when
 # imported, which would start JAX's backend before the command line sets XLA's flags.
 
-HARNESS_PROTOCOL = 1  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 2  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "discrete"  # the action spaces this algorithm takes
 
 
-# --------------------------------------------------------------------------------------
-# Config helpers (the same in every algorithm file: tests/test_files.py)
-# --------------------------------------------------------------------------------------
-def option(default: Any, doc: str) -> Any:
-    """A Config field with its one line of documentation, which is also its command-line help."""
-    return dataclasses.field(default=default, metadata={"doc": doc})
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""
-
-
-def require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def require_positive(config, names: tuple) -> None:
-    for name in names:
-        require(getattr(config, name) > 0, f"{flag(name)} must be a positive integer, got {getattr(config, name)}")
-
-
-def hparams_from(config) -> "HParams":
-    """The Config's own values of the sweepable fields, as a run reads them."""
-    return HParams(**{name: jnp.float32(getattr(config, name)) for name in HParams._fields})
-
-
-# --------------------------------------------------------------------------------------
-# Config
-# --------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Config:
-    env_name: str = option("DeepSea-bsuite", "a gymnax environment with discrete actions (gymnax.registered_envs)")
-    total_timesteps: int = option(102_400, "environment steps per run (all envs together)")
-    num_envs: int = option(16, "parallel environments per run")
-    num_steps: int = option(32, "steps per environment in each rollout")
-    update_epochs: int = option(4, "passes over each rollout batch")
-    num_minibatches: int = option(4, "minibatches per epoch; must divide num_envs * num_steps")
-    lr: float = option(2.5e-3, "Adam learning rate (start value when annealed)")
-    anneal_lr: bool = option(True, "decay the learning rate linearly to 0 over all gradient steps")
-    gamma: float = option(0.99, "discount factor of the extrinsic (episodic) return")
-    gamma_int: float = option(0.99, "discount factor of the intrinsic (non-episodic) return")
-    ext_coef: float = option(2.0, "weight of the extrinsic advantage in the combined advantage")
-    int_coef: float = option(1.0, "weight of the intrinsic advantage in the combined advantage")
-    rnd_lr: float = option(1e-3, "Adam learning rate of the RND predictor (constant)")
-    update_proportion: float = option(0.25, "fraction of each minibatch (a random mask) the predictor trains on")
-    rnd_size: int = option(64, "units per hidden layer of the RND target and predictor, and their embedding size")
-    gae_lambda: float = option(0.95, "GAE lambda (bias/variance trade-off of advantages)")
-    clip_eps: float = option(0.2, "PPO ratio clip range; also clips both value heads' updates")
-    objective: str = option("ppo", "policy objective: ppo (clipped surrogate) or dpo (Discovered Policy Optimisation)")
-    dpo_alpha: float = option(2.0, "DPO's drift threshold where the advantage is >= 0 (objective dpo)")
-    dpo_beta: float = option(0.6, "DPO's drift threshold where the advantage is < 0 (objective dpo)")
-    ent_coef: float = option(0.01, "entropy bonus coefficient")
-    vf_coef: float = option(0.5, "value loss coefficient")
-    max_grad_norm: float = option(0.5, "global gradient-norm clip")
-    activation: str = option("tanh", "hidden activation: tanh or relu")
-    hidden_size: int = option(64, "units per hidden layer (actor and critic alike)")
-    normalize_obs: bool = option(False, "feed actor and critic observations normalised as RND's (not raw)")
-    num_layers: int = option(2, "hidden layers in actor and critic")
-    eval_episodes: int = option(16, "greedy evaluation episodes per run after training")
-    seed: int = option(0, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]")
-    num_seeds: int = option(8, "independent runs trained side by side (vmapped)")
+    """Every field is a command-line flag (`lr` is --lr); its annotation's text is the flag's help."""
+
+    env_name: Annotated[str, "a gymnax environment with discrete actions (gymnax.registered_envs)"] = "DeepSea-bsuite"
+    total_timesteps: Annotated[int, "environment steps per run (all envs together)"] = 102_400
+    num_envs: Annotated[int, "parallel environments per run"] = 16
+    num_steps: Annotated[int, "steps per environment in each rollout"] = 32
+    update_epochs: Annotated[int, "passes over each rollout batch"] = 4
+    num_minibatches: Annotated[int, "minibatches per epoch; must divide num_envs * num_steps"] = 4
+    lr: Annotated[float, "Adam learning rate (start value when annealed)"] = 2.5e-3
+    anneal_lr: Annotated[bool, "decay the learning rate linearly to 0 over all gradient steps"] = True
+    gamma: Annotated[float, "discount factor of the extrinsic (episodic) return"] = 0.99
+    gamma_int: Annotated[float, "discount factor of the intrinsic (non-episodic) return"] = 0.99
+    ext_coef: Annotated[float, "weight of the extrinsic advantage in the combined advantage"] = 2.0
+    int_coef: Annotated[float, "weight of the intrinsic advantage in the combined advantage"] = 1.0
+    rnd_lr: Annotated[float, "Adam learning rate of the RND predictor (constant)"] = 1e-3
+    update_proportion: Annotated[float, "fraction of each minibatch (a random mask) the predictor trains on"] = 0.25
+    rnd_size: Annotated[int, "units per hidden layer of the RND target and predictor, and their embedding size"] = 64
+    gae_lambda: Annotated[float, "GAE lambda (bias/variance trade-off of advantages)"] = 0.95
+    clip_eps: Annotated[float, "PPO ratio clip range; also clips both value heads' updates"] = 0.2
+    objective: Annotated[str, "policy objective: ppo (clipped surrogate) or dpo (Discovered Policy Optimisation)"] = (
+        "ppo"
+    )
+    dpo_alpha: Annotated[float, "DPO's drift threshold where the advantage is >= 0 (objective dpo)"] = 2.0
+    dpo_beta: Annotated[float, "DPO's drift threshold where the advantage is < 0 (objective dpo)"] = 0.6
+    ent_coef: Annotated[float, "entropy bonus coefficient"] = 0.01
+    vf_coef: Annotated[float, "value loss coefficient"] = 0.5
+    max_grad_norm: Annotated[float, "global gradient-norm clip"] = 0.5
+    activation: Annotated[str, "hidden activation: tanh or relu"] = "tanh"
+    hidden_size: Annotated[int, "units per hidden layer (actor and critic alike)"] = 64
+    normalize_obs: Annotated[bool, "feed actor and critic observations normalised as RND's (not raw)"] = False
+    num_layers: Annotated[int, "hidden layers in actor and critic"] = 2
+    eval_episodes: Annotated[int, "greedy evaluation episodes per run after training"] = 16
+    seed: Annotated[int, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]"] = 0
+    num_seeds: Annotated[int, "independent runs trained side by side (vmapped)"] = 8
 
     @property
     def steps_per_update(self) -> int:
@@ -169,201 +139,12 @@ def validate_hparams(values: dict) -> None:
         require(0 <= values[name] <= 1, f"{flag(name)} must be in [0, 1], got {values[name]}")
     # The intrinsic return never restarts: gamma_int = 1 would let it (and its running std) grow without bound.
     require(0 <= values["gamma_int"] < 1, f"--gamma-int must be in [0, 1), got {values['gamma_int']}")
-    require(
-        0 < values["update_proportion"] <= 1,
-        f"--update-proportion must be in (0, 1], got {values['update_proportion']}",
-    )
+    proportion = values["update_proportion"]
+    require(0 < proportion <= 1, f"--update-proportion must be in (0, 1], got {proportion}")
     for name in ("clip_eps", "max_grad_norm"):
         require(values[name] > 0, f"{flag(name)} must be positive, got {values[name]}")
     for name in ("ent_coef", "vf_coef", "ext_coef", "int_coef"):
         require(values[name] >= 0, f"{flag(name)} must be >= 0, got {values[name]}")
-
-
-# --------------------------------------------------------------------------------------
-# Environment loop (the same in every algorithm file: tests/test_files.py)
-# --------------------------------------------------------------------------------------
-def make_env(env_name: str):
-    """gymnax.make, with errors a user can act on; only the ACTIONS this file's algorithm takes."""
-    import gymnax
-
-    if env_name not in gymnax.registered_envs:
-        raise ConfigError(
-            f"--env-name {env_name!r} is not registered with gymnax; choose one of {', '.join(gymnax.registered_envs)}"
-            " (or register one with gymnax.register; the repository's run harness adds brax/, craftax/ and xminigrid/)"
-        )
-    try:
-        env, env_params = gymnax.make(env_name)
-    except Exception as error:  # e.g. MNISTBandit downloads its data set
-        raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
-    kind = "discrete" if isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete) else "continuous"
-    require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; {os.path.basename(__file__)} takes {ACTIONS}")
-    return env, env_params
-
-
-class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
-    state: Any
-    reward: jax.Array  # [num_envs] float32
-    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
-    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
-
-
-class StepNoise(NamedTuple):
-    """Everything random that one env step consumes, drawn ahead for a whole rollout."""
-
-    key: jax.Array  # [num_envs] keys for the transition itself
-    reset_obs: Any  # [num_envs or num_resets, ...] fresh episodes' first observations (None: no resets)
-    reset_state: Any
-    new: jax.Array  # bool: the fresh episodes were drawn for this step, not repeated from an earlier one
-
-
-class Reserved(NamedTuple):
-    """The state of envs that hold a fresh episode in reserve (those whose reset costs more than a step)."""
-
-    env: Any  # [num_envs] the envs' states
-    obs: jax.Array  # [num_envs, obs_dim] each env's reserve: the first observation it starts next
-    state: Any  # [num_envs] and its env state
-    redrawn: jax.Array  # reserves redrawn so far; the next redraw replaces reserve redrawn % num_envs
-
-
-class VecEnv:
-    """`num_envs` copies of a gymnax env, stepped together; observations and continuous actions flat float32.
-
-    gymnax's stock `Environment.step` draws a reset state at every step, and on CPU each random draw
-    inside a loop is a small loop of its own: for envs that use it, `presample` draws the keys and
-    reset states of a whole rollout in one batched call and `step` auto-resets from them. Envs that
-    override `step` (DeepSea) are stepped through it. An env whose reset costs more than a step may
-    declare `envs_per_reset`: then each env holds a fresh episode in reserve, starts it when its
-    episode ends, and one reserve per `envs_per_reset` env steps is redrawn in turn; envs that finish
-    together still start distinct episodes.
-    """
-
-    def __init__(self, env_name: str, num_envs: int):
-        from gymnax.environments.environment import Environment
-
-        self.env, self.params = make_env(env_name)
-        self.num_envs, self.max_episode_steps = num_envs, int(self.params.max_steps_in_episode)
-        self.obs_shape = tuple(self.env.observation_space(self.params).shape)
-        self.obs_dim = int(np.prod(self.obs_shape))
-        space = self.env.action_space(self.params)
-        self.num_actions = int(getattr(space, "n", 0))  # discrete actions: how many
-        self.action_shape, self.action_dim = tuple(space.shape), int(np.prod(space.shape))  # continuous actions
-        self.action_low, self.action_high = (  # their bounds, flat [action_dim] float32
-            np.broadcast_to(np.asarray(getattr(space, bound, 0), np.float32), space.shape).reshape(-1)
-            for bound in ("low", "high")
-        )
-        self.stock_step = type(self.env).step is Environment.step
-        envs_per_reset = getattr(self.env, "envs_per_reset", 1)
-        self.num_resets = -(-num_envs // envs_per_reset)  # fresh episodes drawn every `reset_every` steps
-        self.reset_every = max(1, envs_per_reset // num_envs)
-        self.reserve = self.stock_step and self.num_resets < num_envs
-
-    def _flat(self, obs: jax.Array) -> jax.Array:
-        batch_shape = obs.shape[: obs.ndim - len(self.obs_shape)]
-        return obs.reshape(*batch_shape, self.obs_dim).astype(jnp.float32)
-
-    def reset(self, key: jax.Array):
-        keys = jax.random.split(key, (2 if self.reserve else 1) * self.num_envs)
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
-        if not self.reserve:
-            return self._flat(obs), state
-        now, ahead = (
-            jax.tree.map(lambda x: x[half], (self._flat(obs), state))
-            for half in (slice(None, self.num_envs), slice(self.num_envs, None))
-        )
-        return now[0], Reserved(env=now[1], obs=ahead[0], state=ahead[1], redrawn=jnp.int32(0))
-
-    def presample(self, key: jax.Array, num_steps: int, resets: bool = True) -> StepNoise:
-        """The randomness of `num_steps` steps; without `resets`, episodes that end are not restarted
-        (evaluation scores each env's first episode only: no fresh episode need be drawn)."""
-        step_keys, reset_keys = jax.random.split(key, (2, num_steps, self.num_envs))
-        new = jnp.arange(num_steps) % self.reset_every == 0
-        if not (self.stock_step and resets):
-            return StepNoise(key=step_keys, reset_obs=None, reset_state=None, new=new)
-        reset_env = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
-        reset_obs, reset_state = reset_env(reset_keys[:: self.reset_every, : self.num_resets], self.params)
-        fresh = (self._flat(reset_obs), reset_state)
-        if self.reset_every > 1:  # step t sees the episodes drawn at step t - t % reset_every
-            fresh = jax.tree.map(lambda x: jnp.repeat(x, self.reset_every, axis=0)[:num_steps], fresh)
-        return StepNoise(key=step_keys, reset_obs=fresh[0], reset_state=fresh[1], new=new)
-
-    def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
-        action = action.reshape(self.num_envs, *self.action_shape)
-        if not self.stock_step:
-            obs, state, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
-                noise.key, state, action, self.params
-            )
-            final_obs = self._flat(info["final_observation"])
-            return EnvStep(self._flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
-        obs, stepped, reward, terminated, _ = jax.vmap(self.env.step_env, in_axes=(0, 0, 0, None))(
-            noise.key, state.env if self.reserve else state, action, self.params
-        )
-        truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(stepped, self.params)
-        done = terminated | truncated
-        final_obs = self._flat(obs)
-        fresh = (noise.reset_obs, noise.reset_state)
-        if noise.reset_state is None:  # presample(resets=False): an ended episode stays where it ended
-            fresh = (final_obs, stepped)
-        elif self.reserve:  # each env starts its reserve; this step's fresh episodes replace the next ones
-            fresh, slots = (state.obs, state.state), (state.redrawn + jnp.arange(self.num_resets)) % self.num_envs
-            redraw = lambda old, new: old.at[slots].set(jnp.where(noise.new, new, old[slots]))  # noqa: E731
-            redrawn = jax.tree.map(redraw, (state.obs, state.state), (noise.reset_obs, noise.reset_state))
-            state = Reserved(None, *redrawn, redrawn=state.redrawn + noise.new * self.num_resets)
-        select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
-        next_state = select(done, fresh[1], stepped)
-        return EnvStep(
-            obs=select(done, fresh[0], final_obs),
-            state=state._replace(env=next_state) if self.reserve else next_state,
-            reward=reward.astype(jnp.float32),
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=final_obs,
-        )
-
-
-class Episodes(NamedTuple):
-    """Every env's current episode, as training carries it from step to step, and totals over the
-    episodes that ended since `counting()` (at an update's start): their means are the logged metrics."""
-
-    env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
-    episode_return: jax.Array  # [num_envs] return so far
-    episode_length: jax.Array  # [num_envs] steps so far
-    finished: jax.Array  # int32: episodes that ended since counting began
-    return_sum: jax.Array  # float32: their returns, summed
-    length_sum: jax.Array  # int32: their lengths, summed
-
-    @classmethod
-    def start(cls, obs: jax.Array, env_state: Any) -> "Episodes":
-        zeros = jnp.zeros(obs.shape[0], jnp.int32)
-        return cls(env_state, obs, zeros.astype(jnp.float32), zeros, jnp.int32(0), jnp.float32(0), jnp.int32(0))
-
-    def counting(self) -> "Episodes":
-        return self._replace(finished=jnp.int32(0), return_sum=jnp.float32(0), length_sum=jnp.int32(0))
-
-    def after(self, step: EnvStep) -> "Episodes":
-        """The episodes after `step`: those that ended are counted and begin anew."""
-        done = step.terminated | step.truncated
-        episode_return, episode_length = self.episode_return + step.reward, self.episode_length + 1
-        return Episodes(
-            env_state=step.state,
-            obs=step.obs,
-            episode_return=jnp.where(done, 0.0, episode_return),
-            episode_length=jnp.where(done, 0, episode_length),
-            finished=self.finished + done.sum(),
-            return_sum=self.return_sum + jnp.where(done, episode_return, 0.0).sum(),
-            length_sum=self.length_sum + jnp.where(done, episode_length, 0).sum(),
-        )
-
-    def metrics(self) -> dict:
-        """Mean return and length of the episodes counted: NaN when none ended."""
-        mean = lambda total: jnp.where(self.finished > 0, total / jnp.maximum(self.finished, 1), jnp.nan)  # noqa: E731
-        return {
-            "episode_return": mean(self.return_sum),
-            "episode_length": mean(self.length_sum),
-            "episodes_finished": self.finished,
-        }
 
 
 # --------------------------------------------------------------------------------------
@@ -398,16 +179,12 @@ def make_networks(config: Config, num_actions: int) -> Networks:
     RND's target and predictor: relu MLPs of two hidden layers, rnd_size wide, to an rnd_size embedding."""
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
     rnd = dict(hidden_size=config.rnd_size, num_layers=2, activation="relu")
-    return Networks(
-        actor=MLP(num_actions, 0.01, **shape),
-        critic=MLP(2, 1.0, **shape),
-        target=MLP(config.rnd_size, np.sqrt(2), **rnd),
-        predictor=MLP(config.rnd_size, np.sqrt(2), **rnd),
-    )
+    return Networks(actor=MLP(num_actions, 0.01, **shape), critic=MLP(2, 1.0, **shape), **{
+        name: MLP(config.rnd_size, np.sqrt(2), **rnd) for name in ("target", "predictor")})  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------
-# Training
+# The algorithm: intrinsic rewards, two-stream GAE, the PPO and RND losses, and the training loop
 # --------------------------------------------------------------------------------------
 class Transition(NamedTuple):
     obs: jax.Array  # [T, N, obs_dim]
@@ -442,25 +219,42 @@ class RunningStats(NamedTuple):
         return cls(jnp.zeros(shape), jnp.ones(shape), jnp.zeros(()))
 
 
+class Runner(NamedTuple):
+    """Everything one run carries from update to update."""
+
+    params: Any  # {"actor": ..., "critic": ...}
+    opt_state: Any
+    rnd_params: Any  # {"target": fixed, "predictor": trained}
+    rnd_opt_state: Any  # the predictor's own Adam state
+    episodes: "Episodes"
+    obs_norm: RunningStats  # [obs_dim] statistics of every next observation seen, all envs together
+    int_return_norm: RunningStats  # [] statistics of every value of int_return, whose std scales intrinsic rewards
+    int_return: jax.Array  # [num_envs] the forward filter's discounted intrinsic return of each env
+    rng: jax.Array
+    hparams: HParams
+
+
 def update_stats(stats: RunningStats, batch: jax.Array) -> RunningStats:
     """Merges a batch [..., *feature shape] of n samples, mean m_b, variance v_b, into the n_a seen so
     far (mean m_a, variance v_a): the parallel form of Welford's update (Chan et al.), n = n_a + n_b,
     d = m_b - m_a, mean = m_a + d n_b / n, var = (v_a n_a + v_b n_b + d^2 n_a n_b / n) / n. The count
     starts at 0, so the first batch sets the statistics to its own (no division by 0: n_b > 0)."""
     axes = tuple(range(batch.ndim - stats.mean.ndim))
-    batch_count = float(np.prod([batch.shape[a] for a in axes]))
-    batch_mean, batch_var = batch.mean(axes), batch.var(axes)
-    count = stats.count + batch_count
-    delta = batch_mean - stats.mean
-    mean = stats.mean + delta * (batch_count / count)
-    m2 = stats.var * stats.count + batch_var * batch_count + jnp.square(delta) * (stats.count * batch_count / count)
-    return RunningStats(mean, m2 / count, count)
+    n_b = float(np.prod([batch.shape[a] for a in axes]))
+    n, delta = stats.count + n_b, batch.mean(axes) - stats.mean
+    m2 = stats.var * stats.count + batch.var(axes) * n_b + jnp.square(delta) * (stats.count * n_b / n)
+    return RunningStats(stats.mean + delta * (n_b / n), m2 / n, n)
 
 
 def normalize(stats: RunningStats, obs: jax.Array) -> jax.Array:
     """RND's input (and with normalize_obs the actor's and critic's): the observation standardised by the
     running statistics, clipped to [-5, 5] as in the paper."""
     return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + 1e-8), -5.0, 5.0)
+
+
+def policy_obs(config: Config, obs_norm: RunningStats, obs: jax.Array) -> jax.Array:
+    """What the actor and critic see: the observation, or with normalize_obs RND's normalised one."""
+    return normalize(obs_norm, obs) if config.normalize_obs else obs
 
 
 def intrinsic_reward(networks: Networks, rnd_params, obs_norm: RunningStats, next_obs: jax.Array):
@@ -475,12 +269,7 @@ def intrinsic_reward(networks: Networks, rnd_params, obs_norm: RunningStats, nex
 def forward_filter(int_reward, initial, gamma_int):
     """The paper's reward forward filter: per env, R_t = gamma_int * R_{t-1} + r_t over a [T, N] rollout,
     never reset at episode ends; `initial` [N] carries it across rollouts. Returns (R [T, N], the carry)."""
-
-    def forward(carry, reward):
-        carry = gamma_int * carry + reward
-        return carry, carry
-
-    carry, returns = jax.lax.scan(forward, initial, int_reward)
+    carry, returns = jax.lax.scan(lambda R, r: (gamma_int * R + r,) * 2, initial, int_reward)
     return returns, carry
 
 
@@ -491,21 +280,6 @@ def scale_intrinsic_reward(raw_int_reward, int_return, int_return_norm: RunningS
     int_returns, int_return = forward_filter(raw_int_reward, int_return, gamma_int)
     int_return_norm = update_stats(int_return_norm, int_returns)
     return raw_int_reward / jnp.sqrt(int_return_norm.var + 1e-8), int_return, int_return_norm
-
-
-class Runner(NamedTuple):
-    """Everything one run carries from update to update."""
-
-    params: Any
-    opt_state: Any  # Adam state over the flattened parameter vector
-    rnd_params: Any  # {"target": fixed, "predictor": trained}
-    rnd_opt_state: Any  # the predictor's own Adam state over its flattened parameters
-    episodes: Episodes
-    obs_norm: RunningStats  # [obs_dim] statistics of every next observation seen, all envs together
-    int_return_norm: RunningStats  # [] statistics of every value of int_return, whose std scales intrinsic rewards
-    int_return: jax.Array  # [num_envs] the forward filter's discounted intrinsic return of each env
-    rng: jax.Array
-    hparams: HParams
 
 
 def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
@@ -527,15 +301,11 @@ def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
 def compute_two_stream_gae(
     reward, int_reward, value, next_value, last_value_int, terminated, done, gamma, gamma_int, gae_lambda
 ):
-    """RND's two advantage streams of a [T, N] rollout, from `value` [T, N, 2] (the extrinsic and intrinsic
-    heads on the observations acted on). The extrinsic stream is episodic, as compute_gae, with `next_value`
-    [T, N] V_ext of the true next observation (before auto-reset). The intrinsic one is not: it runs on
-    through episode ends as if the whole run were one episode, so nothing stops its recursion, and step t
-    bootstraps from V_int of the observation the env continues from, obs[t + 1] (`last_value_int` [N] after
-    the last step). Within an episode that is the true next observation; at an episode end it is the next
-    episode's first, since the stream of experience (and the novelty still to come) goes on from there, not
-    from the ended episode's final observation, which is never acted from (nor trained on).
-    Returns ((A_ext, target_ext), (A_int, target_int))."""
+    """RND's two advantage streams of a [T, N] rollout, from `value` [T, N, 2] (both heads on the observations
+    acted on): the extrinsic one episodic, as compute_gae with `next_value` [T, N] V_ext of the true next
+    observation; the intrinsic one as if the run were one episode: step t bootstraps from V_int of obs[t + 1]
+    (`last_value_int` [N] after the last step), at an episode end the next episode's first, since the stream
+    of experience (and of novelty) goes on from there. Returns ((A_ext, target_ext), (A_int, target_int))."""
     chex.assert_equal_shape([reward, int_reward, next_value, terminated, done, value[..., 0]])
     chex.assert_shape(last_value_int, value.shape[1:2])
     extrinsic = compute_gae(reward, value[..., 0], next_value, terminated, done, gamma, gae_lambda)
@@ -559,9 +329,10 @@ def policy_objective(config: Config, ratio, log_ratio, advantage, clip_eps):
     return -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
 
 
-def ppo_loss(config: Config, networks: Networks, params, minibatch: Batch, hp: HParams):
+def ppo_loss(config: Config, networks: Networks, params, minibatch: Batch, hp: HParams, key: jax.Array):
     """The policy objective (clipped surrogate or DPO), the clipped value losses of both heads (summed)
-    and the entropy bonus of one minibatch."""
+    and the entropy bonus of one minibatch. `key` is unused by PPO itself: it is there for a loss that
+    samples (noise, dropout)."""
     logits = networks.actor.apply(params["actor"], minibatch.obs)
     log_probs = jax.nn.log_softmax(logits)
     log_prob = jnp.take_along_axis(log_probs, minibatch.action[:, None], -1)[:, 0]
@@ -584,13 +355,13 @@ def ppo_loss(config: Config, networks: Networks, params, minibatch: Batch, hp: H
     return loss, stats
 
 
-def rnd_loss(networks: Networks, predictor_params, next_obs: jax.Array, next_embedding: jax.Array, mask: jax.Array):
+def rnd_loss(networks: Networks, predictor_params, minibatch: Batch, hp: HParams, key: jax.Array):
     """The predictor's mean squared error at matching the target's embeddings (computed once per rollout: the
-    target is fixed) over the minibatch samples in `mask` (update_proportion of them, as the paper: with many
-    envs the predictor would otherwise learn too fast); 0 if none."""
-    error = jnp.square(networks.predictor.apply(predictor_params, next_obs) - next_embedding).mean(-1)
-    chex.assert_equal_shape([error, mask])
-    return jnp.where(mask, error, 0.0).sum() / jnp.maximum(mask.sum(), 1)
+    target is fixed) over a random update_proportion of the minibatch, a mask drawn with `key` (as the paper:
+    with many envs the predictor would otherwise learn too fast); 0 if the mask is empty."""
+    error = jnp.square(networks.predictor.apply(predictor_params, minibatch.next_obs) - minibatch.next_embedding)
+    mask = jax.random.bernoulli(key, hp.update_proportion, error.shape[:1])
+    return jnp.where(mask, error.mean(-1), 0.0).sum() / jnp.maximum(mask.sum(), 1)
 
 
 def make_optimizer(config: Config, hparams: HParams):
@@ -604,150 +375,95 @@ def make_rnd_optimizer(hparams: HParams):
     return optax.adam(learning_rate=hparams.rnd_lr, eps=1e-5)
 
 
-def make_train(config: Config) -> Callable:
+def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     """Returns `train(rng, hparams=None) -> (runner, metrics)` running the whole config, where
     `metrics` maps names to arrays of shape [num_updates]: `train.init(rng, hparams)`, then
-    `train.update(runner, update_index)` num_updates times in a `lax.scan`."""
+    `train.update(runner, update_index)` num_updates times in a `lax.scan`. `env` is the vectorised
+    environment to train in (default: `VecEnv(config.env_name, config.num_envs)`)."""
     validate(config)
-    env = VecEnv(config.env_name, config.num_envs)
+    env = VecEnv(config.env_name, config.num_envs) if env is None else env
     networks = make_networks(config, env.num_actions)
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
-    def init_params(key: jax.Array):
-        (actor_key, critic_key), obs = jax.random.split(key), jnp.zeros((1, env.obs_dim))
-        return {"actor": networks.actor.init(actor_key, obs), "critic": networks.critic.init(critic_key, obs)}
-
-    # The optimizer sees one flat vector instead of a dozen small arrays: on CPU every array is a
-    # separate kernel launch in Adam and in the gradient-norm clip, which dominated a step.
-    shapes = jax.eval_shape(init_params, jax.random.PRNGKey(0))
-    _, unravel = ravel_pytree(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes))
-
-    def init_rnd_params(key: jax.Array):
-        (target_key, predictor_key), obs = jax.random.split(key), jnp.zeros((1, env.obs_dim))
-        return {
-            "target": networks.target.init(target_key, obs),
-            "predictor": networks.predictor.init(predictor_key, obs),
-        }
-
-    predictor_shapes = jax.eval_shape(init_rnd_params, jax.random.PRNGKey(0))["predictor"]
-    _, unravel_predictor = ravel_pytree(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), predictor_shapes))
-
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
-        rng, params_key, rnd_key, env_key = jax.random.split(rng, 4)
-        params, rnd_params = init_params(params_key), init_rnd_params(rnd_key)
-        opt_state = make_optimizer(config, hparams).init(ravel_pytree(params)[0])
-        rnd_opt_state = make_rnd_optimizer(hparams).init(ravel_pytree(rnd_params["predictor"])[0])
-        episodes = Episodes.start(*env.reset(env_key))
+        rng, actor_key, critic_key, target_key, predictor_key, env_key = jax.random.split(rng, 6)
+        obs = jnp.zeros((1, env.obs_dim))
+        params = {"actor": networks.actor.init(actor_key, obs), "critic": networks.critic.init(critic_key, obs)}
+        predictor = networks.predictor.init(predictor_key, obs)
         return Runner(
-            params=params,
-            opt_state=opt_state,
-            rnd_params=rnd_params,
-            rnd_opt_state=rnd_opt_state,
-            episodes=episodes,
-            obs_norm=RunningStats.empty((env.obs_dim,)),
-            int_return_norm=RunningStats.empty(),
-            int_return=jnp.zeros(N),
-            rng=rng,
-            hparams=hparams,
-        )
+            params=params, opt_state=make_optimizer(config, hparams).init(params),
+            rnd_params={"target": networks.target.init(target_key, obs), "predictor": predictor},
+            rnd_opt_state=make_rnd_optimizer(hparams).init(predictor), episodes=Episodes.start(*env.reset(env_key)),
+            obs_norm=RunningStats.empty((env.obs_dim,)), int_return_norm=RunningStats.empty(),
+            int_return=jnp.zeros(N), rng=rng, hparams=hparams,
+        )  # fmt: skip
 
-    def rollout(runner: Runner, key: jax.Array, norm: Callable):
+    def rollout(params, obs_norm: RunningStats, episodes: "Episodes", key: jax.Array):
         """T steps of every env under the current policy: (the episodes after them, [T, N] transitions)."""
 
-        def env_step(episodes: Episodes, noise):
-            action_noise, env_noise = noise
-            logits = networks.actor.apply(runner.params["actor"], norm(episodes.obs))
-            action = jnp.argmax(logits + action_noise, -1)  # Gumbel-max: a sample of softmax(logits)
-            log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], -1)[:, 0]
-            step = env.step(env_noise, episodes.env_state, action)
+        def env_step(episodes: Episodes, key: jax.Array):
+            action_key, env_key = jax.random.split(key)
+            obs = policy_obs(config, obs_norm, episodes.obs)
+            action, log_prob = sample_action(networks, params, obs, action_key)
+            step = env.step(env_key, episodes.env_state, action)
+            done = step.terminated | step.truncated
             transition = Transition(
-                obs=episodes.obs,
-                action=action,
-                log_prob=log_prob,
-                reward=step.reward,
-                terminated=step.terminated,
-                done=step.terminated | step.truncated,
-                final_obs=step.final_obs,
+                episodes.obs, action, log_prob, step.reward, step.terminated, done, final_obs=step.final_obs
             )
             return episodes.after(step), transition
 
-        # All randomness of the rollout is drawn here in two batched calls, not step by step.
-        action_key, env_key = key
-        noise = (jax.random.gumbel(action_key, (T, N, env.num_actions)), env.presample(env_key, T))
-        return jax.lax.scan(env_step, runner.episodes.counting(), noise)
+        return jax.lax.scan(env_step, episodes.counting(), jax.random.split(key, T))
 
-    def make_batch(params, transitions: Transition, last_obs, int_reward, rnd_input, hp: HParams, norm) -> Batch:
+    def make_batch(params, obs_norm, transitions: Transition, last_obs, int_reward, rnd_input, hp: HParams) -> Batch:
         """The rollout with its values, two-stream GAE advantages and value targets, flattened to [T * N].
-        `last_obs` [N]: the observation every env continues from after the rollout; `rnd_input`: the
-        normalised next observations and their target embeddings."""
-        # The critic is not needed to act, so it runs once over the whole rollout instead of
-        # once per step; V(final_obs) gives every step's bootstrap value, last step included.
-        observations = norm(jnp.concatenate([transitions.obs, transitions.final_obs, last_obs[None]]))
+        `last_obs` [N]: what every env continues from after the rollout; `rnd_input`: the normalised next
+        observations and their target embeddings."""
+        # V(final_obs) gives every step's extrinsic bootstrap value, the last step's included.
+        observations = jnp.concatenate([transitions.obs, transitions.final_obs, last_obs[None]])
+        observations = policy_obs(config, obs_norm, observations)
         values = networks.critic.apply(params["critic"], observations)
         value, next_value, last_value = values[:T], values[T : 2 * T, :, 0], values[2 * T]
-        terminated = transitions.terminated.astype(jnp.float32)
+        terminated, tr = transitions.terminated.astype(jnp.float32), transitions
         (advantage, target), (advantage_int, target_int) = compute_two_stream_gae(
-            transitions.reward,
-            int_reward,
-            value,
-            next_value,
-            last_value[:, 1],
-            terminated,
-            transitions.done,
-            hp.gamma,
-            hp.gamma_int,
+            tr.reward, int_reward, value, next_value, last_value[:, 1], terminated, tr.done, hp.gamma, hp.gamma_int,
             hp.gae_lambda,
-        )
-        batch = Batch(
-            obs=observations[:T],
-            action=transitions.action,
-            log_prob=transitions.log_prob,
-            value=value,
-            advantage=hp.ext_coef * advantage + hp.int_coef * advantage_int,
-            target=jnp.stack([target, target_int], -1),
-            next_obs=rnd_input[0],
-            next_embedding=rnd_input[1],
-        )
+        )  # fmt: skip
+        advantage, target = hp.ext_coef * advantage + hp.int_coef * advantage_int, jnp.stack([target, target_int], -1)
+        batch = Batch(observations[:T], tr.action, tr.log_prob, value, advantage, target, *rnd_input)
         return jax.tree.map(lambda x: x.reshape(T * N, *x.shape[2:]), batch)
 
-    def learn(train, batch: Batch, key: jax.Array, hp: HParams):
-        """`update_epochs` passes of shuffled minibatch steps over the batch; `train` is
-        (flat actor-critic params, their Adam state, flat predictor params, its Adam state)."""
+    def learn(params, opt_state, predictor, rnd_opt_state, batch: Batch, key: jax.Array, hp: HParams):
+        """`update_epochs` passes of shuffled minibatch steps over the batch, each a step of the actor and
+        critic and one of RND's predictor (on its own Adam)."""
         optimizer, rnd_optimizer = make_optimizer(config, hp), make_rnd_optimizer(hp)
 
-        def minibatch_step(train, minibatch):
-            (flat_params, opt_state, flat_predictor, rnd_opt_state), (minibatch, mask) = train, minibatch
-            loss = lambda p: ppo_loss(config, networks, unravel(p), minibatch, hp)  # noqa: E731
-            grads, stats = jax.grad(loss, has_aux=True)(flat_params)
+        def minibatch_step(train, inputs):
+            (params, opt_state, predictor, rnd_opt_state), (minibatch, key) = train, inputs
+            key, rnd_key = jax.random.split(key)
+            grads, stats = jax.grad(ppo_loss, argnums=2, has_aux=True)(config, networks, params, minibatch, hp, key)
             updates, opt_state = optimizer.update(grads, opt_state)
-            stats["grad_norm"] = jnp.linalg.norm(grads)
-            predictor_loss = lambda p: rnd_loss(  # noqa: E731
-                networks, unravel_predictor(p), minibatch.next_obs, minibatch.next_embedding, mask
+            stats["rnd_loss"], rnd_grads = jax.value_and_grad(rnd_loss, argnums=1)(
+                networks, predictor, minibatch, hp, rnd_key
             )
-            stats["rnd_loss"], rnd_grads = jax.value_and_grad(predictor_loss)(flat_predictor)
             rnd_updates, rnd_opt_state = rnd_optimizer.update(rnd_grads, rnd_opt_state)
-            return (flat_params + updates, opt_state, flat_predictor + rnd_updates, rnd_opt_state), stats
+            params, predictor = optax.apply_updates(params, updates), optax.apply_updates(predictor, rnd_updates)
+            return (params, opt_state, predictor, rnd_opt_state), {**stats, "grad_norm": optax.tree.norm(grads)}
 
-        def epoch(train, order_and_mask):
-            order, mask = order_and_mask
-            minibatches = jax.tree.map(lambda x: x[order].reshape(M, T * N // M, *x.shape[1:]), (batch, mask))
-            return jax.lax.scan(minibatch_step, train, minibatches)
+        def epoch(train, key):
+            order_key, loss_key = jax.random.split(key)
+            order = jax.random.permutation(order_key, T * N)
+            minibatches = jax.tree.map(lambda x: x[order].reshape(M, T * N // M, *x.shape[1:]), batch)
+            return jax.lax.scan(minibatch_step, train, (minibatches, jax.random.split(loss_key, M)))
 
-        # Every epoch's shuffle in one batched sort, not one sort per epoch; the predictor's masks likewise.
-        shuffle_key, mask_key = jax.random.split(key)
-        orders = jax.vmap(jax.random.permutation, in_axes=(0, None))(
-            jax.random.split(shuffle_key, config.update_epochs), T * N
-        )
-        masks = jax.random.uniform(mask_key, (config.update_epochs, T * N)) < hp.update_proportion
-        return jax.lax.scan(epoch, train, (orders, masks))
+        train = (params, opt_state, predictor, rnd_opt_state)
+        return jax.lax.scan(epoch, train, jax.random.split(key, config.update_epochs))
 
     def update(runner: Runner, update_index: jax.Array):
         hp = runner.hparams
-        rng, action_key, env_key = jax.random.split(runner.rng, 3)
+        rng, rollout_key, learn_key = jax.random.split(runner.rng, 3)
         # With normalize_obs, actor and critic see observations normalised by the statistics before this rollout.
-        norm = (lambda x: normalize(runner.obs_norm, x)) if config.normalize_obs else (lambda x: x)
-        episodes, transitions = rollout(runner, (action_key, env_key), norm)
+        episodes, transitions = rollout(runner.params, runner.obs_norm, runner.episodes, rollout_key)
         # Intrinsic rewards, once per rollout: the observation statistics take in this rollout's next
         # observations first (so the first rollout's set them), then the rewards are scaled by the running
         # std of the forward filter's intrinsic return, which takes in all T * N of its values.
@@ -756,37 +472,24 @@ def make_train(config: Config) -> Callable:
         int_reward, int_return, int_return_norm = scale_intrinsic_reward(
             raw_int_reward, runner.int_return, runner.int_return_norm, hp.gamma_int
         )
-        chex.assert_shape([raw_int_reward, int_reward], (T, N))
-        batch = make_batch(runner.params, transitions, episodes.obs, int_reward, rnd_input, hp, norm)
-        rng, shuffle_key = jax.random.split(rng)
-        flat_params, flat_predictor = ravel_pytree(runner.params)[0], ravel_pytree(runner.rnd_params["predictor"])[0]
-        train = (flat_params, runner.opt_state, flat_predictor, runner.rnd_opt_state)
-        train, stats = learn(train, batch, shuffle_key, hp)
-        flat_params, opt_state, flat_predictor, rnd_opt_state = train
+        batch = make_batch(runner.params, runner.obs_norm, transitions, episodes.obs, int_reward, rnd_input, hp)
+        target, predictor = runner.rnd_params["target"], runner.rnd_params["predictor"]
+        (params, opt_state, predictor, rnd_opt_state), stats = learn(
+            runner.params, runner.opt_state, predictor, runner.rnd_opt_state, batch, learn_key, hp
+        )
+        finite = jnp.isfinite(int_reward).all() & jnp.isfinite(optax.tree.norm((params, predictor)))
         metrics = {
             "env_steps": (update_index + 1) * T * N,
             **episodes.metrics(),
             **{name: value.mean() for name, value in stats.items()},
             "intrinsic_reward": int_reward.mean(),
-            "finite": jnp.isfinite(stats["loss"]).all()
-            & jnp.isfinite(stats["rnd_loss"]).all()
-            & jnp.isfinite(int_reward).all()
-            & jnp.isfinite(flat_params).all()
-            & jnp.isfinite(flat_predictor).all(),
+            "finite": jnp.isfinite(stats["loss"]).all() & jnp.isfinite(stats["rnd_loss"]).all() & finite,
         }
-        params = unravel(flat_params)
         return Runner(
-            params=params,
-            opt_state=opt_state,
-            rnd_params={"target": runner.rnd_params["target"], "predictor": unravel_predictor(flat_predictor)},
-            rnd_opt_state=rnd_opt_state,
-            episodes=episodes,
-            obs_norm=obs_norm,
-            int_return_norm=int_return_norm,
-            int_return=int_return,
-            rng=rng,
-            hparams=hp,
-        ), metrics
+            params=params, opt_state=opt_state, rnd_params={"target": target, "predictor": predictor},
+            rnd_opt_state=rnd_opt_state, episodes=episodes, obs_norm=obs_norm, int_return_norm=int_return_norm,
+            int_return=int_return, rng=rng, hparams=hp,
+        ), metrics  # fmt: skip
 
     def train(rng: jax.Array, hparams: HParams | None = None):
         return jax.lax.scan(update, init(rng, hparams), jnp.arange(config.num_updates, dtype=jnp.int32))
@@ -796,111 +499,235 @@ def make_train(config: Config) -> Callable:
 
 
 # --------------------------------------------------------------------------------------
-# Evaluation
+# The policy's action
 # --------------------------------------------------------------------------------------
+def sample_action(networks: Networks, params, obs: jax.Array, key: jax.Array):
+    """An action drawn from the actor's softmax for each observation, and its log-probability."""
+    logits = networks.actor.apply(params["actor"], obs)
+    action = jax.random.categorical(key, logits)
+    return action, jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], -1)[..., 0]
+
+
+def make_greedy_policy(config: Config, env: "VecEnv") -> "Policy":
+    """The actor's most probable action (no carry: the policy is not recurrent), of observations
+    normalised by the saved statistics, frozen, with normalize_obs."""
+    networks = make_networks(config, env.num_actions)
+
+    def act(params, carry, obs: jax.Array, start: jax.Array, key: jax.Array):
+        obs = policy_obs(config, RunningStats(**params["obs_norm"]), obs)
+        return carry, jnp.argmax(networks.actor.apply(params["actor"], obs), -1)
+
+    return Policy(init=lambda num_envs: (), act=act)
+
+
 def saved_params(runner: Runner) -> dict:
     """What params.msgpack holds and `make_evaluate` takes: the actor's and critic's parameters and the
     observation statistics (a dict, so that flax.serialization.msgpack_restore gives back the same tree)."""
     return {**runner.params, "obs_norm": runner.obs_norm._asdict()}
 
 
-def make_greedy_policy(config: Config, env: VecEnv) -> "GreedyPolicy":
-    """The most probable action of the actor (of observations normalised by the saved statistics, frozen,
-    with normalize_obs)."""
-    networks = make_networks(config, env.num_actions)
-
-    def act(params, carry, obs: jax.Array, start: jax.Array):
-        if config.normalize_obs:
-            obs = normalize(RunningStats(**params["obs_norm"]), obs)
-        return carry, jnp.argmax(networks.actor.apply(params["actor"], obs), -1)
-
-    return GreedyPolicy(init=lambda num_envs: (), act=act)
-
-
 # --------------------------------------------------------------------------------------
-# Greedy evaluation (the same in every algorithm file: tests/test_files.py)
+# Running this file (the same in every algorithm file: tests/test_files.py): config helpers, the
+# environment loop, greedy evaluation and the command line. In the repository, `python
+# algorithms/<name>.py` hands over to the run harness beside it (algorithms/onefile_harness); a copy
+# of this file alone runs `main`.
 # --------------------------------------------------------------------------------------
-class GreedyPolicy(NamedTuple):
-    init: Callable  # init(num_envs) -> the policy's own carry (e.g. a recurrent state)
-    act: Callable  # act(params, carry, obs, start) -> (carry, action); start: obs begins an episode
+class ConfigError(ValueError):
+    """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""
 
 
-class Evaluating(NamedTuple):
-    """What the evaluation loop carries from one env step to the next."""
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def require_positive(config, names: tuple) -> None:
+    for name in names:
+        require(getattr(config, name) > 0, f"{flag(name)} must be a positive integer, got {getattr(config, name)}")
+
+
+def hparams_from(config) -> HParams:  # the Config's own values of the sweepable fields
+    return HParams(**{name: jnp.float32(getattr(config, name)) for name in HParams._fields})
+
+
+def make_env(env_name: str):
+    """gymnax.make, with errors a user can act on; only the ACTIONS this file's algorithm takes."""
+    import gymnax
+
+    names = gymnax.registered_envs
+    require(env_name in names, f"--env-name {env_name!r} is not a gymnax environment; choose one of {', '.join(names)}")
+    env, env_params = gymnax.make(env_name)
+    kind = "discrete" if isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete) else "continuous"
+    require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; {os.path.basename(__file__)} takes {ACTIONS}")
+    return env, env_params
+
+
+class EnvStep(NamedTuple):
+    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    state: Any
+    reward: jax.Array  # [num_envs] float32
+    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
+    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
+    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+
+
+class VecEnv:
+    """`num_envs` copies of a gymnax env stepped by gymnax's own `step` (auto-reset, the true final
+    observation) under `jax.vmap`; observations flat float32, actions in the env's shape."""
+
+    def __init__(self, env_name: str, num_envs: int):
+        self.env, self.params = make_env(env_name)
+        self.num_envs, self.max_episode_steps = num_envs, int(self.params.max_steps_in_episode)
+        self.obs_shape = tuple(self.env.observation_space(self.params).shape)
+        self.obs_dim = int(np.prod(self.obs_shape))
+        space = self.env.action_space(self.params)
+        self.num_actions = int(getattr(space, "n", 0))  # discrete actions: how many
+        self.action_shape, self.action_dim = tuple(space.shape), int(np.prod(space.shape))  # continuous actions
+        bounds = [np.broadcast_to(np.float32(getattr(space, end, 0)), space.shape) for end in ("low", "high")]
+        self.action_low, self.action_high = (bound.reshape(-1) for bound in bounds)  # flat [action_dim]
+
+    def flat(self, obs: jax.Array) -> jax.Array:
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], self.obs_dim).astype(jnp.float32)
+
+    def reset(self, key: jax.Array):
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
+        return self.flat(obs), state
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
+        step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))
+        keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
+        obs, state, reward, terminated, truncated, info = step(keys, state, action, self.params)
+        final_obs = self.flat(info["final_observation"])
+        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+
+
+class Episodes(NamedTuple):
+    """Every env's current episode, and sums over the episodes that ended since `counting()` (an
+    update's start): their means are the logged metrics."""
 
     env_state: Any
+    obs: jax.Array  # [num_envs, obs_dim]
+    episode_return: jax.Array  # [num_envs] return so far
+    episode_length: jax.Array  # [num_envs] steps so far
+    finished: jax.Array = None  # int32: episodes that ended since counting began
+    return_sum: jax.Array = None  # float32: their returns, summed
+    length_sum: jax.Array = None  # int32: their lengths, summed
+
+    @classmethod
+    def start(cls, obs: jax.Array, env_state: Any) -> "Episodes":
+        return cls(env_state, obs, jnp.zeros(obs.shape[0]), jnp.zeros(obs.shape[0], jnp.int32)).counting()
+
+    def counting(self) -> "Episodes":
+        return self._replace(finished=jnp.int32(0), return_sum=jnp.float32(0), length_sum=jnp.int32(0))
+
+    def after(self, step: EnvStep) -> "Episodes":
+        """The episodes after `step`: those that ended are counted and begin anew."""
+        done, ret, length = step.terminated | step.truncated, self.episode_return + step.reward, self.episode_length + 1
+        ended = lambda x: jnp.where(done, x, 0).sum()  # noqa: E731
+        sums = (self.finished + done.sum(), self.return_sum + ended(ret), self.length_sum + ended(length))
+        return Episodes(step.state, step.obs, jnp.where(done, 0.0, ret), jnp.where(done, 0, length), *sums)
+
+    def metrics(self) -> dict:
+        """Mean return and length of the episodes counted: NaN when none ended."""
+        mean = lambda total: jnp.where(self.finished > 0, total / jnp.maximum(self.finished, 1), jnp.nan)  # noqa: E731
+        return dict(episode_return=mean(self.return_sum), episode_length=mean(self.length_sum), **{
+            "episodes_finished": self.finished})  # fmt: skip
+
+
+class Policy(NamedTuple):
+    init: Callable  # init(num_envs) -> the policy's own carry (e.g. a recurrent state)
+    act: Callable  # act(params, carry, obs, start, key) -> (carry, action); start: obs begins an episode
+
+
+class Evaluating(NamedTuple):  # what evaluation carries from step to step
+    env_state: Any
     obs: jax.Array
-    policy: Any  # the greedy policy's own carry
-    total: jax.Array  # [episodes] return so far
-    alive: jax.Array  # [episodes] bool: the episode has not ended yet
+    policy: Any  # the policy's own carry
+    total: jax.Array  # [episodes] return so far: each env's first episode is scored, and only it
+    alive: jax.Array  # [episodes] bool: that episode has not ended yet
     rng: jax.Array
     t: jax.Array  # env steps taken
 
 
-def make_evaluate(config: Config) -> Callable:
-    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes, one per
-    env, each scored until it ends; `params` as `saved_params` gives them."""
+def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
+    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes, one per env
+    of `env` (default: VecEnv(config.env_name, config.eval_episodes)), each scored until it ends."""
     validate(config)
-    env = VecEnv(config.env_name, config.eval_episodes)
+    env = VecEnv(config.env_name, config.eval_episodes) if env is None else env
     policy = make_greedy_policy(config, env)
 
     def env_step(params, carry: Evaluating) -> Evaluating:
-        rng, key = jax.random.split(carry.rng)
-        noise = jax.tree.map(lambda x: x[0], env.presample(key, 1, resets=False))
-        start = jnp.full(env.num_envs, carry.t == 0)  # an env that ended is no longer scored: no restart
-        policy_carry, action = policy.act(params, carry.policy, carry.obs, start)
-        step = env.step(noise, carry.env_state, action)
-        return Evaluating(
-            env_state=step.state,
-            obs=step.obs,
-            policy=policy_carry,
-            total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
-            alive=carry.alive & ~(step.terminated | step.truncated),
-            rng=rng,
-            t=carry.t + 1,
+        rng, act_key, env_key = jax.random.split(carry.rng, 3)
+        policy_carry, action = policy.act(
+            params, carry.policy, carry.obs, jnp.full(env.num_envs, carry.t == 0), act_key
         )
+        step, total = env.step(env_key, carry.env_state, action), carry.total
+        total, alive = (
+            total + jnp.where(carry.alive, step.reward, 0.0),
+            carry.alive & ~(step.terminated | step.truncated),
+        )
+        return Evaluating(step.state, step.obs, policy_carry, total=total, alive=alive, rng=rng, t=carry.t + 1)
 
     def evaluate(params, rng: jax.Array) -> jax.Array:
         reset_key, rng = jax.random.split(rng)
         obs, env_state = env.reset(reset_key)
-        carry, alive, total = policy.init(env.num_envs), jnp.ones(env.num_envs, bool), jnp.zeros(env.num_envs)
-        first = Evaluating(env_state=env_state, obs=obs, policy=carry, total=total, alive=alive, rng=rng, t=0)
+        alive, total = jnp.ones(env.num_envs, bool), jnp.zeros(env.num_envs)
+        first = Evaluating(env_state, obs, policy.init(env.num_envs), total=total, alive=alive, rng=rng, t=0)
         running = lambda carry: carry.alive.any() & (carry.t < env.max_episode_steps)  # noqa: E731
         return jax.lax.while_loop(running, lambda carry: env_step(params, carry), first).total.mean()
 
     return evaluate
 
 
-# --------------------------------------------------------------------------------------
-# Command line (the same in every algorithm file: tests/test_files.py). In the repository,
-# `python algorithms/<name>.py` hands over to the run harness beside it (algorithms/onefile_harness:
-# sweeps, devices, progress, checkpoints, tracking, suites); a copy of this file alone runs `main`.
-# --------------------------------------------------------------------------------------
 def configure_xla() -> None:
-    """Sets XLA's flags for this file alone, before JAX's first computation (importing gymnax is
-    one); a flag already in XLA_FLAGS is left as it is. XLA's concurrency-optimised CPU scheduler
-    is turned off: it has deadlocked vmapped training (jaxlib 0.10). On a CPU-only install, backend
-    optimisation level 1 compiles faster and trains as fast (the run harness sets both too)."""
+    """XLA's flags for this file alone, set before JAX's first computation unless XLA_FLAGS has them:
+    the concurrency-optimised CPU scheduler off (it has deadlocked vmapped training, jaxlib 0.10), and
+    on a CPU-only install backend optimisation level 1 (compiles faster, trains as fast)."""
     flags = {"xla_cpu_enable_concurrency_optimized_scheduler": "false"}
-    accelerators = ("jax_cuda", "jax_rocm", "libtpu")
-    if os.environ.get("JAX_PLATFORMS", "").lower() == "cpu" or not any(
-        module.name.startswith(accelerators) for module in pkgutil.iter_modules()
-    ):
+    accelerator = any(module.name.startswith(("jax_cuda", "jax_rocm", "libtpu")) for module in pkgutil.iter_modules())
+    if os.environ.get("JAX_PLATFORMS", "").lower() == "cpu" or not accelerator:
         flags["xla_backend_optimization_level"] = "1"
     for name, value in flags.items():
         if name not in os.environ.get("XLA_FLAGS", ""):
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{name}={value}".strip()
 
 
+def train_in_chunks(config: Config, train, keys: jax.Array):
+    """All seeds in one vmapped program, called for a tenth of the updates at a time with progress
+    printed between calls; the updates past the run's end (in the last chunk) change nothing."""
+    num_updates, chunk = config.num_updates, -(-config.num_updates // 10)
+    runner = jax.jit(lambda keys: jax.lax.map(train.init, keys))(keys)  # as the harness does on CPU
+    shapes = jax.eval_shape(train.update, jax.eval_shape(train.init, keys[0]), 0)[1]
+    skip = lambda runner, index: (runner, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))  # noqa: E731
+    update = lambda runner, index: jax.lax.cond(index < num_updates, train.update, skip, runner, index)  # noqa: E731
+    scan = lambda runner, first: jax.lax.scan(update, runner, first + jnp.arange(chunk))  # noqa: E731
+    run, chunks, start = jax.jit(jax.vmap(scan, in_axes=(0, None)), donate_argnums=0), [], time.perf_counter()
+    for first in range(0, num_updates, chunk):
+        runner, metrics = run(runner, first)
+        chunks.append(jax.device_get(metrics))
+        done, returns = min(first + chunk, num_updates), chunks[-1]["episode_return"]
+        speed = done * config.steps_per_update * len(keys) / (time.perf_counter() - start)
+        mean = returns[np.isfinite(returns)].mean() if np.isfinite(returns).any() else np.nan
+        print(
+            f"update {done}/{num_updates}: return {mean:.1f}, {speed:,.0f} env steps/s (compile included)", flush=True
+        )
+    return runner, jax.tree.map(lambda *parts: np.concatenate(parts, axis=1)[:, :num_updates], *chunks)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """This file alone: every Config field a flag, all seeds trained in one jitted call, the greedy
+    """This file alone: every Config field a flag, all seeds trained in one vmapped program, the greedy
     policies evaluated, and config.json, metrics.npz, params.msgpack and summary.json written as the
     run harness writes them. Exits 2 on bad input (nothing written), 3 when NaN or inf appeared."""
-    name = os.path.basename(__file__)
+    name, fields = os.path.basename(__file__), dataclasses.fields(Config)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
-    for field in dataclasses.fields(Config):
-        kind = {"action": argparse.BooleanOptionalAction} if field.type is bool else {"type": field.type}
-        parser.add_argument(flag(field.name), default=field.default, help=field.metadata["doc"], **kind)
+    for field in fields:
+        kind, doc = typing.get_args(field.type)
+        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        parser.add_argument(flag(field.name), default=field.default, help=doc, **parse)
     parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
     try:
         args, unknown = parser.parse_known_args(argv)
@@ -908,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         require(
             not unknown, f"{' '.join(unknown)}: not an option of {name} alone, whose options --help lists {harness}"
         )
-        config = Config(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Config)})
+        config = Config(**{field.name: getattr(args, field.name) for field in fields})
         train, evaluate = make_train(config), make_evaluate(config)
         os.makedirs(args.runs_dir, exist_ok=True)
         prefix = f"{name[:-3]}-{config.env_name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-"
@@ -918,33 +745,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
     (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
-    start = time.perf_counter()
-    runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds))
-    metrics, seconds = jax.device_get(metrics), time.perf_counter() - start  # compilation included
+    start, keys = time.perf_counter(), jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+    runner, metrics = train_in_chunks(config, train, keys)
+    seconds = time.perf_counter() - start  # compilation included
     eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    eval_return = jax.jit(jax.vmap(evaluate))(saved_params(runner), eval_keys)
-    point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
+    return write_results(
+        run_dir, config, runner, metrics, jax.jit(jax.vmap(evaluate))(saved_params(runner), eval_keys), seconds
+    )
+
+
+def write_results(run_dir: pathlib.Path, config: Config, runner, metrics: dict, eval_return, seconds: float) -> int:
+    """metrics.npz, params.msgpack and summary.json as the run harness writes them (one sweep point),
+    and the results on stdout; returns the exit status: 3 when NaN or inf appeared."""
+    point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731
     wall = seconds * np.arange(1, config.num_updates + 1) / config.num_updates
     np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(eval_return), wall_seconds=wall)
     (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(saved_params(runner))))
-    return summarise(run_dir, config, metrics, eval_return, seconds)
-
-
-def summarise(run_dir: pathlib.Path, config: Config, metrics: dict, eval_return, seconds: float) -> int:
-    """summary.json and the results on stdout; returns the exit status."""
     last = -(-config.num_updates // 20)  # a run's final return: its episodes ending in the last 5% of updates
     returns, counts = metrics["episode_return"][:, -last:], metrics["episodes_finished"][:, -last:]
     with np.errstate(invalid="ignore", divide="ignore"):  # NaN: no episode ended in that window
         final = np.where(counts > 0, returns * counts, 0.0).sum(-1) / counts.sum(-1)
-    summary = {
-        "algorithm": os.path.basename(__file__)[:-3],
-        "env_name": config.env_name,
-        "num_seeds": config.num_seeds,
-        "trained_timesteps": config.num_updates * config.steps_per_update,
-        "final_return_per_seed": [float(x) if np.isfinite(x) else None for x in final],
-        "eval_return_mean": float(np.mean(eval_return)),
-        "train_seconds": seconds,
-    }
+    summary = dict(algorithm=os.path.basename(__file__)[:-3], env_name=config.env_name, num_seeds=config.num_seeds)
+    summary.update(trained_timesteps=config.num_updates * config.steps_per_update, train_seconds=seconds)
+    summary.update(final_return_per_seed=[float(x) if np.isfinite(x) else None for x in final])
+    summary.update(eval_return_mean=float(np.mean(eval_return)))
     bad = np.argwhere(~metrics["finite"].T)  # [update, seed] where NaN or inf appeared, earliest first
     if len(bad):
         summary["nonfinite"] = {"first_update": int(bad[0, 0]) + 1, "seed_index": int(bad[0, 1])}

@@ -249,18 +249,36 @@ def test_scaled_intrinsic_reward_matches_forward_filter_reference(gamma_int):
 # --------------------------------------------------------------------------------------
 # Losses
 # --------------------------------------------------------------------------------------
+def rnd_batch(next_obs, next_embedding):
+    """A minibatch as the RND loss reads it: the normalised next observations and their target embeddings."""
+    B = len(next_obs)
+    zeros = np.zeros(B, np.float32)
+    value = np.zeros((B, 2), np.float32)
+    return rnd.Batch(next_obs, np.zeros(B, np.int32), zeros, value, zeros, value, next_obs, next_embedding)
+
+
 def test_rnd_loss_is_the_masked_mean_error(rnd_setup):
-    _, networks, params, _ = rnd_setup
+    """The predictor trains on a random update_proportion of each minibatch: the mask its loss's key draws."""
+    config, networks, params, _ = rnd_setup
     rng = np.random.default_rng(7)
     x = rng.uniform(-5, 5, size=(12, 3)).astype(np.float32)
-    mask = np.array([1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0], bool)
     error = reference_intrinsic_reward(params, np.zeros(3), np.full(3, 1.0 - 1e-8), x)  # x already normalised
     embedding = numpy_mlp(params["target"], x).astype(np.float32)
-    loss = jax.jit(lambda p, x, mask: rnd.rnd_loss(networks, p, x, embedding, mask))
-    assert float(loss(params["predictor"], x, mask)) == pytest.approx(error[mask].mean(), rel=1e-4)
-    assert float(loss(params["predictor"], x, np.zeros(12, bool))) == 0.0
+    key, hp = jax.random.PRNGKey(7), rnd.hparams_from(config)
+
+    @jax.jit
+    def loss(predictor, x, proportion, key=key):
+        return rnd.rnd_loss(
+            networks, predictor, rnd_batch(x, embedding), hp._replace(update_proportion=proportion), key
+        )
+
+    mask = np.asarray(jax.random.bernoulli(key, 0.25, (12,)))
+    assert 0 < mask.sum() < 12
+    assert float(loss(params["predictor"], x, 0.25)) == pytest.approx(error[mask].mean(), rel=1e-4)
+    assert float(loss(params["predictor"], x, 1.0)) == pytest.approx(error.mean(), rel=1e-4)
+    assert float(loss(params["predictor"], x, 0.0)) == 0.0  # an empty mask
     # Only the masked samples move the predictor: changing the others leaves its gradient alone.
-    grad = lambda observations: jax.jit(jax.grad(loss))(params["predictor"], observations, mask)  # noqa: E731
+    grad = lambda observations: jax.jit(jax.grad(loss))(params["predictor"], observations, 0.25)  # noqa: E731
 
     moved = x.copy()
     moved[~mask] += 1.0
@@ -287,9 +305,9 @@ def test_value_loss_sums_both_clipped_heads(rnd_setup):
         next_embedding=np.zeros((B, 16), np.float32),
     )
     hp = rnd.hparams_from(config)._replace(clip_eps=jnp.float32(clip_eps), vf_coef=jnp.float32(0.5))
-    _, stats = jax.jit(lambda params, batch, hp: rnd.ppo_loss(config, networks, params, batch, hp))(
-        {"actor": actor, "critic": critic}, batch, hp
-    )
+    _, stats = jax.jit(
+        lambda params, batch, hp: rnd.ppo_loss(config, networks, params, batch, hp, jax.random.PRNGKey(0))
+    )({"actor": actor, "critic": critic}, batch, hp)
     want = np.zeros(2)
     for head in range(2):
         for i in range(B):
@@ -336,6 +354,7 @@ def test_greedy_policy_normalises_with_the_saved_statistics(normalize_obs):
     obs_norm = {"mean": jnp.asarray(mean, jnp.float32), "var": jnp.asarray(var, jnp.float32), "count": jnp.float32(9)}
     obs = np.random.default_rng(9).normal(size=(5, 4)).astype(np.float32) * 3
     policy = rnd.make_greedy_policy(config, env)
-    _, action = jax.jit(policy.act)({"actor": actor, "obs_norm": obs_norm}, policy.init(5), obs, jnp.ones(5, bool))
+    params, key = {"actor": actor, "obs_norm": obs_norm}, jax.random.PRNGKey(2)
+    _, action = jax.jit(policy.act)(params, policy.init(5), obs, jnp.ones(5, bool), key)
     x = np.clip((obs - mean) / np.sqrt(var + 1e-8), -5, 5) if normalize_obs else obs
     np.testing.assert_array_equal(np.asarray(action), np.argmax(numpy_mlp(actor, x), -1))
