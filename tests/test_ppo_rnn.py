@@ -1,5 +1,6 @@
-"""ppo_rnn.py: where the GRU state is reset, its hand-written gradient, the rollout against a plain
-Python loop, the update replaying exactly what acted, the velocity-hiding wrapper.
+"""ppo_rnn.py: where the GRU state is reset, its gradient (jax.grad through the scan) against finite
+differences, the rollout and the greedy policy against a plain Python loop, the update replaying
+exactly what acted, the velocity-hiding wrapper.
 
 The checks every algorithm shares (vmap, determinism, sweeps, chunking, the command line) live in
 tests/test_train.py and tests/test_cli.py; memory against no memory on CartPole without velocities
@@ -25,16 +26,13 @@ def rnn():
     return module
 
 
-def short_episodes(module):
-    """`module.make_env` with CartPole's time limit cut to SHORT_LIMIT steps, so that a short
+def short_episodes(module, num_envs: int):
+    """The file's VecEnv with CartPole's time limit cut to SHORT_LIMIT steps, so that a short
     rollout holds truncations as well as terminations."""
-    make_env = module.make_env
-
-    def make(env_name):
-        env, env_params = make_env(env_name)
-        return env, env_params.replace(max_steps_in_episode=SHORT_LIMIT)
-
-    return make
+    env = module.VecEnv(ENV, num_envs)
+    env.params = env.params.replace(max_steps_in_episode=SHORT_LIMIT)
+    env.max_episode_steps = SHORT_LIMIT
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +47,18 @@ def short(rnn):
         hidden_size=8,
         num_seeds=1,
     )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(rnn, "make_env", short_episodes(rnn))
-        train = rnn.make_train(config)
-    return config, train
+    return config, rnn.make_train(config, short_episodes(rnn, config.num_envs))
+
+
+def init_params(rnn, config, key=0, obs_dim=2):
+    network = rnn.make_networks(config, 2)
+    params = network.init(jax.random.PRNGKey(key), jnp.zeros((1, config.hidden_size)), jnp.zeros((1, obs_dim)))
+    return network, params
+
+
+def replay(network, params, hidden, obs, start):
+    """(states, logits, values) of stored sequences, as the update's loss replays them."""
+    return jax.jit(lambda *args: network.apply(params, *args, method=type(network).unroll))(hidden, obs, start)
 
 
 def python_loop(network, params, hidden, obs, start, final_obs=None):
@@ -90,16 +96,11 @@ def hand_made_sequence(rnn, hidden_size=8, seed=0):
 
 
 def test_replay_resets_the_state_where_a_python_loop_does(rnn):
-    config = rnn.Config(hidden_size=8, num_envs=5, num_steps=6, num_minibatches=1, total_timesteps=30)
-    train = rnn.make_train(config)
-    network = rnn.make_networks(config, 2)
-    params = jax.jit(train.init)(jax.random.PRNGKey(3)).params
+    config = rnn.Config(hidden_size=8)
+    network, params = init_params(rnn, config, key=3)
     hidden, obs, start = hand_made_sequence(rnn)
 
-    logits, value = jax.jit(train.replay)(params, hidden, obs, start)
-    gates = network.apply(params, obs, method=rnn.ActorCritic.inputs)
-    p = params["params"]
-    states = np.asarray(jax.jit(rnn.gru_unroll)(p["hidden_kernel"], p["hidden_bias"], hidden, gates, start))
+    states, logits, value = (np.asarray(x) for x in replay(network, params, hidden, obs, start))
     fed = np.where(start[..., None], 0.0, np.concatenate([hidden[None], states[:-1]]))
 
     want = python_loop(network, params, hidden, obs, start)
@@ -111,44 +112,94 @@ def test_replay_resets_the_state_where_a_python_loop_does(rnn):
     assert (want["fed"][start] == 0).all() and (np.abs(want["fed"][~start]) > 0).all()
 
 
-def reference_unroll(rnn, kernel, bias, hidden, gates, start):
-    """The GRU as a plain scan of gru_cell, differentiated by JAX itself."""
+def numpy_unroll(kernel, bias, hidden, gates, start):
+    """The GRU over a sequence in float64 NumPy, step by step (flax GRUCell's equations), reset at starts."""
+    sigmoid = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    states = []
+    for gates_t, start_t in zip(gates, start, strict=True):
+        fed = np.where(start_t[:, None], 0.0, hidden)
+        x_r, x_z, x_n = np.split(gates_t, 3, -1)
+        h_r, h_z, h_n = np.split(fed @ kernel + bias, 3, -1)
+        r, z = sigmoid(x_r + h_r), sigmoid(x_z + h_z)
+        hidden = (1 - z) * np.tanh(x_n + r * h_n) + z * fed
+        states.append(hidden)
+    return np.stack(states)
 
-    def step(hidden, xs):
-        gates_t, start_t = xs
-        hidden = rnn.gru_cell(kernel, bias, rnn.reset_hidden(hidden, start_t), gates_t)
-        return hidden, hidden
 
-    return jax.lax.scan(step, hidden, (gates, start))[1]
-
-
-def test_gru_gradient_matches_autodiff(rnn):
-    """gru_unroll's custom backward pass == autodiff of the plain recurrence, resets included,
-    alone and vmapped (the command line vmaps runs)."""
-    H = 8
+def gru_arguments(rnn, H=8, seed=1):
     hidden, _, start = hand_made_sequence(rnn, H)
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     kernel = rng.normal(size=(H, 3 * H)).astype(np.float32) * 0.5
     bias = rng.normal(size=3 * H).astype(np.float32) * 0.1
     gates = rng.normal(size=(*start.shape, 3 * H)).astype(np.float32)
     weights = rng.normal(size=(*start.shape, H)).astype(np.float32)
+    return (kernel, bias, hidden, gates), start, weights
 
-    def loss(unroll):
-        return lambda k, b, h, g: jnp.sum(weights * jnp.tanh(unroll(k, b, h, g, start)))
 
-    args = (kernel, bias, hidden, gates)
-    got = jax.jit(jax.grad(loss(rnn.gru_unroll), argnums=(0, 1, 2, 3)))(*args)
-    want = jax.jit(jax.grad(loss(lambda *a: reference_unroll(rnn, *a)), argnums=(0, 1, 2, 3)))(*args)
-    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want, strict=False):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=name)
-    # Steps that start an episode pass no gradient to the state before them.
-    assert np.abs(np.asarray(got[3])).sum() > 0
+def test_gru_gradient_matches_finite_differences(rnn):
+    """jax.grad of gru_unroll (a plain scan of gru_cell) == central differences of a float64 NumPy
+    GRU along random directions, for every input, resets included, alone and vmapped."""
+    args, start, weights = gru_arguments(rnn)
+    unroll = np.asarray(jax.jit(rnn.gru_unroll)(*args, start))
+    np.testing.assert_allclose(unroll, numpy_unroll(*args, start), rtol=1e-5, atol=1e-5)
+
+    def loss(*args):
+        return jnp.sum(weights * jnp.tanh(rnn.gru_unroll(*args, start)))
+
+    def numpy_loss(*args):
+        return np.sum(weights * np.tanh(numpy_unroll(*(a.astype(np.float64) for a in args), start)))
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(*args)
+    rng, eps = np.random.default_rng(2), 1e-4
+    for i, name in enumerate(("kernel", "bias", "hidden", "gates")):
+        for _ in range(3):
+            direction = rng.normal(size=args[i].shape)
+            shifted = [[np.asarray(a, np.float64) for a in args] for _ in range(2)]
+            shifted[0][i], shifted[1][i] = shifted[0][i] + eps * direction, shifted[1][i] - eps * direction
+            numeric = (numpy_loss(*shifted[0]) - numpy_loss(*shifted[1])) / (2 * eps)
+            np.testing.assert_allclose(np.sum(grads[i] * direction), numeric, rtol=1e-4, atol=1e-4, err_msg=name)
 
     batched = jax.tree.map(lambda x: np.stack([x, 0.5 * x]), args)
-    got = jax.jit(jax.vmap(jax.grad(loss(rnn.gru_unroll), argnums=(0, 1, 2, 3))))(*batched)
-    want = jax.jit(jax.vmap(jax.grad(loss(lambda *a: reference_unroll(rnn, *a)), argnums=(0, 1, 2, 3))))(*batched)
-    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want, strict=False):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"vmapped {name}")
+    got = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2, 3))))(*batched)
+    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, grads, strict=True):
+        np.testing.assert_allclose(g[0], w, rtol=1e-5, atol=1e-6, err_msg=f"vmapped {name}")
+
+
+def test_no_gradient_crosses_an_episode_start(rnn):
+    """A loss on each env's last episode alone: nothing before that episode's start (the state before
+    the sequence, earlier steps' gates) gets a gradient, and everything from the start on does."""
+    args, start, weights = gru_arguments(rnn)
+    T, N = start.shape
+    last_start = np.array([max([t for t in range(T) if start[t, n]], default=0) for n in range(N)])
+    in_last = np.arange(T)[:, None] >= last_start[None]
+    assert (last_start > 0).sum() >= 2  # episodes do start mid-sequence
+
+    def loss(hidden, gates):
+        return jnp.sum(in_last[..., None] * weights * jnp.tanh(rnn.gru_unroll(args[0], args[1], hidden, gates, start)))
+
+    d_hidden, d_gates = (np.asarray(g) for g in jax.jit(jax.grad(loss, argnums=(0, 1)))(*args[2:]))
+    np.testing.assert_array_equal(d_gates[~in_last], 0.0)
+    assert (np.abs(d_gates[in_last]).sum(-1) > 0).all()
+    started = start.any(0)  # envs with a start in the sequence: the state before it is forgotten
+    np.testing.assert_array_equal(d_hidden[started], 0.0)
+    assert (np.abs(d_hidden[~started]).sum(-1) > 0).all()
+
+
+def test_greedy_policy_carries_the_state_and_resets_it_at_starts(rnn):
+    """make_greedy_policy: init(n) is the zero state; act, step by step, gives the state and the most
+    probable action of the plain loop, the state reset where `start`."""
+    config = rnn.Config(hidden_size=8)
+    network, params = init_params(rnn, config, key=4)
+    hidden, obs, start = hand_made_sequence(rnn)
+    policy = rnn.make_greedy_policy(config, rnn.VecEnv(ENV, start.shape[1]))
+    np.testing.assert_array_equal(policy.init(start.shape[1]), np.zeros_like(hidden))
+
+    want = python_loop(network, params, hidden, obs, start)
+    act, carry = jax.jit(policy.act), hidden
+    for t, key in enumerate(jax.random.split(jax.random.PRNGKey(0), len(start))):
+        carry, action = act(params, carry, obs[t], start[t], key)
+        np.testing.assert_allclose(carry, want["after"][t], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(action, want["logits"][t].argmax(-1))
 
 
 # --------------------------------------------------------------------------------------
@@ -160,22 +211,22 @@ def test_rollout_matches_a_python_loop(rnn, short):
     episode starts and bootstraps from the state after the step (never the reset one)."""
     config, train = short
     network = rnn.make_networks(config, 2)
-    rollout, replay = jax.jit(train.rollout), jax.jit(train.replay)
+    rollout = jax.jit(train.rollout)
     runner = jax.jit(train.init)(jax.random.PRNGKey(0))
     saw = {"terminated": 0, "truncated": 0}
-    for _ in range(2):
-        hidden, start = np.asarray(runner.hidden), np.asarray(rnn.starts(runner.episodes))
-        new, tr = jax.device_get(rollout(runner))
+    for key in jax.random.split(jax.random.PRNGKey(1), 2):
+        hidden, start = np.asarray(runner.hidden), np.asarray(runner.episodes.episode_length == 0)
+        episodes, new_hidden, tr = jax.device_get(rollout(runner.params, runner.episodes, runner.hidden, key))
         np.testing.assert_array_equal(tr.start[0], start)
         np.testing.assert_array_equal(tr.start[1:], tr.done[:-1])  # done at t: step t+1 starts an episode
-        np.testing.assert_array_equal(rnn.starts(new.episodes), tr.done[-1])
+        np.testing.assert_array_equal(episodes.episode_length == 0, tr.done[-1])
 
         want = python_loop(network, runner.params, hidden, tr.obs, tr.start, tr.final_obs)
         log_prob = np.take_along_axis(jax.nn.log_softmax(want["logits"]), tr.action[..., None], -1)[..., 0]
         np.testing.assert_allclose(tr.log_prob, log_prob, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(tr.value, want["value"], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(tr.next_value, want["next_value"], rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(new.hidden, want["after"][-1], rtol=1e-5, atol=1e-6)  # not reset
+        np.testing.assert_allclose(new_hidden, want["after"][-1], rtol=1e-5, atol=1e-6)  # not reset
 
         # Where no episode ended, V(final_obs) is the next step's value: the same obs and state.
         going_on = ~tr.done[:-1]
@@ -187,14 +238,14 @@ def test_rollout_matches_a_python_loop(rnn, short):
 
         # The update relearns from the same sequences: replayed from the stored state, they give
         # back what acted.
-        logits, value = replay(runner.params, hidden, tr.obs, tr.start)
+        _, logits, value = replay(network, runner.params, hidden, tr.obs, tr.start)
         replayed = np.take_along_axis(jax.nn.log_softmax(logits), tr.action[..., None], -1)[..., 0]
         np.testing.assert_allclose(replayed, tr.log_prob, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(value, tr.value, rtol=1e-5, atol=1e-5)
 
         saw["terminated"] += int(tr.terminated.sum())
         saw["truncated"] += int(truncated.sum())
-        runner = new
+        runner = runner._replace(episodes=episodes, hidden=new_hidden)
     assert saw["terminated"] > 0 and saw["truncated"] > 0, saw
 
 
@@ -219,6 +270,7 @@ def test_no_velocity_wrapper_is_cartpole_with_positions_only(rnn):
     assert params == full_params
     space, full_space = env.observation_space(params), full.observation_space(full_params)
     assert space.shape == (2,) and env.action_space(params).n == 2
+    assert env.name == full.name  # CartPole's class: gymnax draws its states (--render)
     np.testing.assert_array_equal(space.low, np.asarray(full_space.low)[[0, 2]])
     np.testing.assert_array_equal(space.high, np.asarray(full_space.high)[[0, 2]])
 
@@ -275,35 +327,3 @@ def test_memory_chain_smoke(rnn):
     )
     _, metrics = jax.jit(rnn.make_train(config))(jax.random.PRNGKey(0))
     assert np.asarray(metrics["finite"]).all()
-
-
-def test_gru_gradient_stays_right_when_the_cell_is_edited(rnn, monkeypatch):
-    """The reason gru_unroll takes each step's local derivatives from jax.vjp of gru_combine: a
-    reader who edits the cell's elementwise part (here: a layer norm on the candidate's input)
-    still gets the true gradient, with no change to the backward pass."""
-    original = rnn.gru_combine
-
-    def edited(x_gates, h_gates, hidden):
-        x_r, x_z, x_n = jnp.split(x_gates, 3, axis=-1)
-        x_n = (x_n - x_n.mean(-1, keepdims=True)) / jnp.sqrt(x_n.var(-1, keepdims=True) + 1e-5)
-        return original(jnp.concatenate([x_r, x_z, x_n], -1), h_gates, hidden)
-
-    monkeypatch.setattr(rnn, "gru_combine", edited)
-    H = 8
-    hidden, _, start = hand_made_sequence(rnn, H)
-    rng = np.random.default_rng(2)
-    args = (
-        rng.normal(size=(H, 3 * H)).astype(np.float32) * 0.5,
-        rng.normal(size=3 * H).astype(np.float32) * 0.1,
-        hidden,
-        rng.normal(size=(*start.shape, 3 * H)).astype(np.float32),
-    )
-    weights = rng.normal(size=(*start.shape, H)).astype(np.float32)
-
-    def loss(unroll):
-        return lambda k, b, h, g: jnp.sum(weights * jnp.tanh(unroll(k, b, h, g, start)))
-
-    got = jax.grad(loss(rnn.gru_unroll), argnums=(0, 1, 2, 3))(*args)
-    want = jax.grad(loss(lambda *a: reference_unroll(rnn, *a)), argnums=(0, 1, 2, 3))(*args)
-    for name, g, w in zip(("kernel", "bias", "hidden", "gates"), got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=name)
