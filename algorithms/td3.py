@@ -1,38 +1,34 @@
-"""TD3 (twin critics, target policy smoothing, delayed policy updates) for continuous-action gymnax envs, in one file.
-
-    python td3.py --env-name MountainCarContinuous-v0 --total-timesteps 50000   # --help: every option
-    python td3.py --num-critics 1 --policy-delay 1 --policy-noise 0              # DDPG
-
-The whole run (acting, replay-buffer writes, critic steps, delayed actor steps and Polyak target
-updates at their env-step intervals) is one jitted function, and seeds (and sweep points: the float
-hyperparameters in HParams) are vmapped into one program, each run with its own replay buffer:
+"""TD3 (twin critics, target policy smoothing, delayed policy updates) for continuous-action gymnax envs, in
+one file: `python td3.py --env-name MountainCarContinuous-v0 --total-timesteps 50000` (--help lists every
+option; --num-critics 1 --policy-delay 1 --policy-noise 0 is DDPG). The whole run (acting, replay-buffer
+writes, critic steps, delayed actor steps and Polyak target updates at their env-step intervals) is one
+jitted function, and seeds (and sweep points: the float hyperparameters in HParams) are vmapped into one
+program, each run with its own replay buffer:
 
     train = make_train(Config(env_name="Pendulum-v1"))
     runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
 
-The actor is deterministic: tanh of an MLP, in [-1, 1] (as the replay buffer stores actions and the
-critics see them), rescaled onto the env's action bounds. Exploration adds Gaussian noise; the
-critics' targets use the target actor's action plus clipped Gaussian noise; the actor and both target
-networks step once every --policy-delay critic steps. Noise scales are relative to the action range's
-half width. DDPG (Lillicrap et al., as the TD3 paper re-implements it) is one critic, no delay and no
-target smoothing.
+The actor is deterministic: tanh of an MLP, in [-1, 1] (as the buffer stores actions and the critics see
+them), rescaled onto the env's action bounds. Exploration adds Gaussian noise; the critics' targets use the
+target actor's action plus clipped Gaussian noise; the actor and both targets step once every
+--policy-delay critic steps. Noise scales are relative to the action range's half width.
 
-Depends only on jax, flax, optax, chex, gymnax and numpy: copy it anywhere and it runs. Importing
-it defines things and does nothing else.
+Depends only on jax, flax, optax, chex, gymnax and numpy: copy it anywhere and it runs; importing
+it only defines things. The algorithm comes first; the blocks that let the file run alone are last.
 """
 
 import argparse
 import dataclasses
 import json
-import math
 import os
 import pathlib
 import pkgutil
 import sys
 import tempfile
 import time
+import typing
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import chex
 import flax.linen as nn
@@ -41,77 +37,44 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import serialization
-from jax.flatten_util import ravel_pytree
 
 # gymnax is imported where an environment is made, not here: it computes with JAX when
 # imported, which would start JAX's backend before the command line sets XLA's flags.
 
-HARNESS_PROTOCOL = 1  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
-ACTIONS = "continuous"  # the action spaces this algorithm takes
+HARNESS_PROTOCOL = 2  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+ACTIONS = "continuous"  # the action spaces this algorithm takes (bounded: the actor squashes into them)
 
 
-# --------------------------------------------------------------------------------------
-# Config helpers (the same in every algorithm file: tests/test_files.py)
-# --------------------------------------------------------------------------------------
-def option(default: Any, doc: str) -> Any:
-    """A Config field with its one line of documentation, which is also its command-line help."""
-    return dataclasses.field(default=default, metadata={"doc": doc})
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""
-
-
-def require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def require_positive(config, names: tuple) -> None:
-    for name in names:
-        require(getattr(config, name) > 0, f"{flag(name)} must be a positive integer, got {getattr(config, name)}")
-
-
-def hparams_from(config) -> "HParams":
-    """The Config's own values of the sweepable fields, as a run reads them."""
-    return HParams(**{name: jnp.float32(getattr(config, name)) for name in HParams._fields})
-
-
-# --------------------------------------------------------------------------------------
-# Config
-# --------------------------------------------------------------------------------------
-# Defaults tuned on Pendulum-v1 for 8 seeds on a 2-core CPU (benchmarks/README.md), as sac.py's: an
-# update is one whole episode of each of 20 envs, so the final return averages 20 episodes; tau 0.02
-# (the TD3 paper's is 0.005) lets the targets follow within this short budget.
+# Defaults tuned on Pendulum-v1 for 8 seeds on a 2-core CPU (benchmarks/README.md), as sac.py's: an update
+# is one episode of each of 20 envs, so the final return averages 20 episodes; tau 0.02 (the TD3 paper's is
+# 0.005) lets the targets follow within this short budget.
 @dataclasses.dataclass(frozen=True)
 class Config:
-    env_name: str = option("Pendulum-v1", "a gymnax env with bounded continuous actions (gymnax.registered_envs)")
-    total_timesteps: int = option(20_000, "environment steps per run (all envs together)")
-    num_envs: int = option(20, "parallel environments per run")
-    num_steps: int = option(200, "steps per environment in each update (one progress/metrics row)")
-    buffer_size: int = option(100_000, "replay buffer capacity in transitions per run (>= num_envs)")
-    batch_size: int = option(128, "transitions per gradient step, sampled uniformly from the buffer")
-    learning_starts: int = option(1_000, "env steps of uniformly random actions before the first gradient step")
-    train_frequency: int = option(2, "env steps (all envs together) per round of critic steps")
-    gradient_steps: int = option(1, "critic steps per round (update-to-data ratio = this / train_frequency)")
-    policy_delay: int = option(2, "critic steps per actor step and target update (1 with DDPG)")
-    lr: float = option(1e-3, "Adam learning rate of actor and critics")
-    gamma: float = option(0.99, "discount factor")
-    tau: float = option(0.02, "targets <- tau * online + (1 - tau) * targets, at every actor step")
-    exploration_noise: float = option(0.1, "std of the Gaussian acting noise, relative to the action half range")
-    policy_noise: float = option(0.2, "std of the target-action smoothing noise, relative to the half range (0: none)")
-    noise_clip: float = option(0.5, "the smoothing noise is clipped to +-this, relative to the half range")
-    num_critics: int = option(2, "Q-networks; the targets use their minimum (2 = twin critics, 1 = DDPG)")
-    activation: str = option("relu", "hidden activation: relu, tanh or swish")
-    hidden_size: int = option(64, "units per hidden layer (actor and critics alike)")
-    num_layers: int = option(2, "hidden layers of the actor and of each critic")
-    eval_episodes: int = option(100, "greedy evaluation episodes per run after training (start states vary)")
-    seed: int = option(0, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]")
-    num_seeds: int = option(8, "independent runs trained side by side (vmapped)")
+    """Every field is a command-line flag (`lr` is --lr); its annotation's text is the flag's help."""
+
+    env_name: Annotated[str, "a gymnax env with bounded continuous actions (gymnax.registered_envs)"] = "Pendulum-v1"
+    total_timesteps: Annotated[int, "environment steps per run (all envs together)"] = 20_000
+    num_envs: Annotated[int, "parallel environments per run"] = 20
+    num_steps: Annotated[int, "steps per environment in each update (one progress/metrics row)"] = 200
+    buffer_size: Annotated[int, "replay buffer capacity in transitions per run (>= num_envs)"] = 100_000
+    batch_size: Annotated[int, "transitions per gradient step, sampled uniformly from the buffer"] = 128
+    learning_starts: Annotated[int, "env steps of uniformly random actions before the first gradient step"] = 1_000
+    train_frequency: Annotated[int, "env steps (all envs together) per round of critic steps"] = 2
+    gradient_steps: Annotated[int, "critic steps per round (update-to-data ratio = this / train_frequency)"] = 1
+    policy_delay: Annotated[int, "critic steps per actor step and target update (1 with DDPG)"] = 2
+    lr: Annotated[float, "Adam learning rate of actor and critics"] = 1e-3
+    gamma: Annotated[float, "discount factor"] = 0.99
+    tau: Annotated[float, "targets <- tau * online + (1 - tau) * targets, at every actor step"] = 0.02
+    exploration_noise: Annotated[float, "std of the Gaussian acting noise, relative to the action half range"] = 0.1
+    policy_noise: Annotated[float, "target-action smoothing noise std, relative to the half range (0: none)"] = 0.2
+    noise_clip: Annotated[float, "the smoothing noise is clipped to +-this, relative to the half range"] = 0.5
+    num_critics: Annotated[int, "Q-networks; the targets use their minimum (2 = twin critics, 1 = DDPG)"] = 2
+    activation: Annotated[str, "hidden activation: relu, tanh or swish"] = "relu"
+    hidden_size: Annotated[int, "units per hidden layer (actor and critics alike)"] = 64
+    num_layers: Annotated[int, "hidden layers of the actor and of each critic"] = 2
+    eval_episodes: Annotated[int, "greedy evaluation episodes per run after training (start states vary)"] = 100
+    seed: Annotated[int, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]"] = 0
+    num_seeds: Annotated[int, "independent runs trained side by side (vmapped)"] = 8
 
     @property
     def steps_per_update(self) -> int:
@@ -140,35 +103,26 @@ ACTIVATIONS = {"relu": nn.relu, "tanh": nn.tanh, "swish": nn.swish}
 def validate(config: Config) -> None:
     """Refuses a config that cannot run, naming the option and what is allowed."""
     integers = ("total_timesteps", "num_envs", "num_steps", "buffer_size", "batch_size", "train_frequency")
-    require_positive(config, (*integers, "gradient_steps", "policy_delay", "num_critics", "hidden_size"))
-    require_positive(config, ("num_layers", "eval_episodes", "num_seeds"))
+    networks = ("num_critics", "hidden_size", "num_layers")
+    require_positive(config, (*integers, "gradient_steps", "policy_delay", *networks, "eval_episodes", "num_seeds"))
     require(config.learning_starts >= 0, f"--learning-starts must be >= 0, got {config.learning_starts}")
     validate_hparams({name: getattr(config, name) for name in HParams._fields})
     allowed = ", ".join(ACTIVATIONS)
     require(config.activation in ACTIVATIONS, f"--activation must be one of {allowed}, got {config.activation!r}")
-    require(
-        config.buffer_size >= config.num_envs,
-        f"--buffer-size {config.buffer_size} must be at least num_envs = {config.num_envs} "
-        "(every env step writes num_envs transitions at once)",
-    )
-    require(
-        config.total_timesteps >= config.steps_per_update,
-        f"--total-timesteps {config.total_timesteps} is less than one update "
-        f"(num_envs * num_steps = {config.steps_per_update})",
-    )
+    buffer, envs, total, update = config.buffer_size, config.num_envs, config.total_timesteps, config.steps_per_update
+    require(buffer >= envs, f"--buffer-size {buffer} must be at least num_envs = {envs} (one env step's transitions)")
+    require(total >= update, f"--total-timesteps {total} is less than one update (num_envs * num_steps = {update})")
     for name in ("total_timesteps", "buffer_size", "learning_starts", "train_frequency"):
         # Step counts and buffer slots are int32 inside the compiled program.
         require(getattr(config, name) < 2**31, f"{flag(name)} must be below 2**31, got {getattr(config, name)}")
-    require(  # the critic-step counter that schedules actor steps
-        total_gradient_steps(config) < 2**31,
-        f"--gradient-steps {config.gradient_steps}: more than 2**31 critic steps in the run",
-    )
+    steps = total_gradient_steps(config)  # the critic-step counter that schedules actor steps is int32 too
+    require(steps < 2**31, f"--gradient-steps {config.gradient_steps}: {steps} critic steps, more than 2**31")
 
 
 def validate_hparams(values: dict) -> None:
     """The checks of the sweepable fields, for the Config and for every sweep point."""
     for name, value in values.items():
-        require(math.isfinite(value), f"{flag(name)} must be finite, got {value}")
+        require(np.isfinite(value), f"{flag(name)} must be finite, got {value}")
     require(values["lr"] > 0, f"--lr must be positive, got {values['lr']}")
     require(0 <= values["gamma"] <= 1, f"--gamma must be in [0, 1], got {values['gamma']}")
     require(0 < values["tau"] <= 1, f"--tau must be in (0, 1], got {values['tau']}")
@@ -177,241 +131,38 @@ def validate_hparams(values: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Environment loop (the same in every algorithm file: tests/test_files.py)
+# Networks and the replay buffer
 # --------------------------------------------------------------------------------------
-def make_env(env_name: str):
-    """gymnax.make, with errors a user can act on; only the ACTIONS this file's algorithm takes."""
-    import gymnax
+class MLP(nn.Module):
+    """The actor and every critic: `num_layers` hidden layers, then a linear output."""
 
-    if env_name not in gymnax.registered_envs:
-        raise ConfigError(
-            f"--env-name {env_name!r} is not registered with gymnax; choose one of {', '.join(gymnax.registered_envs)}"
-            " (or register one with gymnax.register; the repository's run harness adds brax/, craftax/ and xminigrid/)"
-        )
-    try:
-        env, env_params = gymnax.make(env_name)
-    except Exception as error:  # e.g. MNISTBandit downloads its data set
-        raise ConfigError(f"--env-name {env_name}: gymnax could not create it ({error})") from None
-    kind = "discrete" if isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete) else "continuous"
-    require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; {os.path.basename(__file__)} takes {ACTIONS}")
-    return env, env_params
-
-
-class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
-    state: Any
-    reward: jax.Array  # [num_envs] float32
-    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
-    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
-
-
-class StepNoise(NamedTuple):
-    """Everything random that one env step consumes, drawn ahead for a whole rollout."""
-
-    key: jax.Array  # [num_envs] keys for the transition itself
-    reset_obs: Any  # [num_envs or num_resets, ...] fresh episodes' first observations (None: no resets)
-    reset_state: Any
-    new: jax.Array  # bool: the fresh episodes were drawn for this step, not repeated from an earlier one
-
-
-class Reserved(NamedTuple):
-    """The state of envs that hold a fresh episode in reserve (those whose reset costs more than a step)."""
-
-    env: Any  # [num_envs] the envs' states
-    obs: jax.Array  # [num_envs, obs_dim] each env's reserve: the first observation it starts next
-    state: Any  # [num_envs] and its env state
-    redrawn: jax.Array  # reserves redrawn so far; the next redraw replaces reserve redrawn % num_envs
-
-
-class VecEnv:
-    """`num_envs` copies of a gymnax env, stepped together; observations and continuous actions flat float32.
-
-    gymnax's stock `Environment.step` draws a reset state at every step, and on CPU each random draw
-    inside a loop is a small loop of its own: for envs that use it, `presample` draws the keys and
-    reset states of a whole rollout in one batched call and `step` auto-resets from them. Envs that
-    override `step` (DeepSea) are stepped through it. An env whose reset costs more than a step may
-    declare `envs_per_reset`: then each env holds a fresh episode in reserve, starts it when its
-    episode ends, and one reserve per `envs_per_reset` env steps is redrawn in turn; envs that finish
-    together still start distinct episodes.
-    """
-
-    def __init__(self, env_name: str, num_envs: int):
-        from gymnax.environments.environment import Environment
-
-        self.env, self.params = make_env(env_name)
-        self.num_envs, self.max_episode_steps = num_envs, int(self.params.max_steps_in_episode)
-        self.obs_shape = tuple(self.env.observation_space(self.params).shape)
-        self.obs_dim = int(np.prod(self.obs_shape))
-        space = self.env.action_space(self.params)
-        self.num_actions = int(getattr(space, "n", 0))  # discrete actions: how many
-        self.action_shape, self.action_dim = tuple(space.shape), int(np.prod(space.shape))  # continuous actions
-        self.action_low, self.action_high = (  # their bounds, flat [action_dim] float32
-            np.broadcast_to(np.asarray(getattr(space, bound, 0), np.float32), space.shape).reshape(-1)
-            for bound in ("low", "high")
-        )
-        self.stock_step = type(self.env).step is Environment.step
-        envs_per_reset = getattr(self.env, "envs_per_reset", 1)
-        self.num_resets = -(-num_envs // envs_per_reset)  # fresh episodes drawn every `reset_every` steps
-        self.reset_every = max(1, envs_per_reset // num_envs)
-        self.reserve = self.stock_step and self.num_resets < num_envs
-
-    def _flat(self, obs: jax.Array) -> jax.Array:
-        batch_shape = obs.shape[: obs.ndim - len(self.obs_shape)]
-        return obs.reshape(*batch_shape, self.obs_dim).astype(jnp.float32)
-
-    def reset(self, key: jax.Array):
-        keys = jax.random.split(key, (2 if self.reserve else 1) * self.num_envs)
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, self.params)
-        if not self.reserve:
-            return self._flat(obs), state
-        now, ahead = (
-            jax.tree.map(lambda x: x[half], (self._flat(obs), state))
-            for half in (slice(None, self.num_envs), slice(self.num_envs, None))
-        )
-        return now[0], Reserved(env=now[1], obs=ahead[0], state=ahead[1], redrawn=jnp.int32(0))
-
-    def presample(self, key: jax.Array, num_steps: int, resets: bool = True) -> StepNoise:
-        """The randomness of `num_steps` steps; without `resets`, episodes that end are not restarted
-        (evaluation scores each env's first episode only: no fresh episode need be drawn)."""
-        step_keys, reset_keys = jax.random.split(key, (2, num_steps, self.num_envs))
-        new = jnp.arange(num_steps) % self.reset_every == 0
-        if not (self.stock_step and resets):
-            return StepNoise(key=step_keys, reset_obs=None, reset_state=None, new=new)
-        reset_env = jax.vmap(jax.vmap(self.env.reset_env, in_axes=(0, None)), in_axes=(0, None))
-        reset_obs, reset_state = reset_env(reset_keys[:: self.reset_every, : self.num_resets], self.params)
-        fresh = (self._flat(reset_obs), reset_state)
-        if self.reset_every > 1:  # step t sees the episodes drawn at step t - t % reset_every
-            fresh = jax.tree.map(lambda x: jnp.repeat(x, self.reset_every, axis=0)[:num_steps], fresh)
-        return StepNoise(key=step_keys, reset_obs=fresh[0], reset_state=fresh[1], new=new)
-
-    def step(self, noise: StepNoise, state: Any, action: jax.Array) -> EnvStep:
-        action = action.reshape(self.num_envs, *self.action_shape)
-        if not self.stock_step:
-            obs, state, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
-                noise.key, state, action, self.params
-            )
-            final_obs = self._flat(info["final_observation"])
-            return EnvStep(self._flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
-        obs, stepped, reward, terminated, _ = jax.vmap(self.env.step_env, in_axes=(0, 0, 0, None))(
-            noise.key, state.env if self.reserve else state, action, self.params
-        )
-        truncated = jax.vmap(self.env.is_truncated, in_axes=(0, None))(stepped, self.params)
-        done = terminated | truncated
-        final_obs = self._flat(obs)
-        fresh = (noise.reset_obs, noise.reset_state)
-        if noise.reset_state is None:  # presample(resets=False): an ended episode stays where it ended
-            fresh = (final_obs, stepped)
-        elif self.reserve:  # each env starts its reserve; this step's fresh episodes replace the next ones
-            fresh, slots = (state.obs, state.state), (state.redrawn + jnp.arange(self.num_resets)) % self.num_envs
-            redraw = lambda old, new: old.at[slots].set(jnp.where(noise.new, new, old[slots]))  # noqa: E731
-            redrawn = jax.tree.map(redraw, (state.obs, state.state), (noise.reset_obs, noise.reset_state))
-            state = Reserved(None, *redrawn, redrawn=state.redrawn + noise.new * self.num_resets)
-        select = jax.vmap(lambda d, reset, stepped: jax.tree.map(lambda r, s: jax.lax.select(d, r, s), reset, stepped))
-        next_state = select(done, fresh[1], stepped)
-        return EnvStep(
-            obs=select(done, fresh[0], final_obs),
-            state=state._replace(env=next_state) if self.reserve else next_state,
-            reward=reward.astype(jnp.float32),
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=final_obs,
-        )
-
-
-class Episodes(NamedTuple):
-    """Every env's current episode, as training carries it from step to step, and totals over the
-    episodes that ended since `counting()` (at an update's start): their means are the logged metrics."""
-
-    env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
-    episode_return: jax.Array  # [num_envs] return so far
-    episode_length: jax.Array  # [num_envs] steps so far
-    finished: jax.Array  # int32: episodes that ended since counting began
-    return_sum: jax.Array  # float32: their returns, summed
-    length_sum: jax.Array  # int32: their lengths, summed
-
-    @classmethod
-    def start(cls, obs: jax.Array, env_state: Any) -> "Episodes":
-        zeros = jnp.zeros(obs.shape[0], jnp.int32)
-        return cls(env_state, obs, zeros.astype(jnp.float32), zeros, jnp.int32(0), jnp.float32(0), jnp.int32(0))
-
-    def counting(self) -> "Episodes":
-        return self._replace(finished=jnp.int32(0), return_sum=jnp.float32(0), length_sum=jnp.int32(0))
-
-    def after(self, step: EnvStep) -> "Episodes":
-        """The episodes after `step`: those that ended are counted and begin anew."""
-        done = step.terminated | step.truncated
-        episode_return, episode_length = self.episode_return + step.reward, self.episode_length + 1
-        return Episodes(
-            env_state=step.state,
-            obs=step.obs,
-            episode_return=jnp.where(done, 0.0, episode_return),
-            episode_length=jnp.where(done, 0, episode_length),
-            finished=self.finished + done.sum(),
-            return_sum=self.return_sum + jnp.where(done, episode_return, 0.0).sum(),
-            length_sum=self.length_sum + jnp.where(done, episode_length, 0).sum(),
-        )
-
-    def metrics(self) -> dict:
-        """Mean return and length of the episodes counted: NaN when none ended."""
-        mean = lambda total: jnp.where(self.finished > 0, total / jnp.maximum(self.finished, 1), jnp.nan)  # noqa: E731
-        return {
-            "episode_return": mean(self.return_sum),
-            "episode_length": mean(self.length_sum),
-            "episodes_finished": self.finished,
-        }
-
-
-# --------------------------------------------------------------------------------------
-# Networks
-# --------------------------------------------------------------------------------------
-class DeterministicActor(nn.Module):
-    """obs -> action in [-1, 1] (tanh of an MLP); ActionScale maps it onto the env's bounds."""
-
-    action_dim: int
+    out_dim: int
     hidden_size: int
     num_layers: int
     activation: str
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        act = ACTIVATIONS[self.activation]
         for _ in range(self.num_layers):
-            x = act(nn.Dense(self.hidden_size)(x))
-        return jnp.tanh(nn.Dense(self.action_dim)(x))
-
-
-class Critic(nn.Module):
-    """(obs, action in [-1, 1]) -> Q-value."""
-
-    hidden_size: int
-    num_layers: int
-    activation: str
-
-    @nn.compact
-    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
-        act = ACTIVATIONS[self.activation]
-        x = jnp.concatenate([obs, action], axis=-1)
-        for _ in range(self.num_layers):
-            x = act(nn.Dense(self.hidden_size)(x))
-        return nn.Dense(1)(x)[..., 0]
+            x = ACTIVATIONS[self.activation](nn.Dense(self.hidden_size)(x))
+        return nn.Dense(self.out_dim)(x)
 
 
 class Networks(NamedTuple):
-    actor: nn.Module  # obs -> action in [-1, 1]; its parameters are params["actor"]
-    critic: nn.Module  # one Q-network; params["critic"] stacks num_critics of them on a leading axis
+    actor: nn.Module  # obs -> the actor's outputs (actor_action); its parameters are params["actor"]
+    critic: nn.Module  # [obs, action] -> Q; params["critic"] stacks num_critics of them on a leading axis
 
 
 def make_networks(config: Config, action_dim: int) -> Networks:
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
-    return Networks(actor=DeterministicActor(action_dim, **shape), critic=Critic(**shape))
+    return Networks(actor=MLP(action_dim, **shape), critic=MLP(1, **shape))
 
 
-def critic_values(critic: nn.Module, params, obs: jax.Array, action: jax.Array) -> jax.Array:
-    """Every critic's Q(obs, action): [num_critics, batch]. The critics are one network vmapped
-    over their stacked parameters, so all of them run as one batched matmul per layer."""
-    return jax.vmap(critic.apply, in_axes=(0, None, None))(params, obs, action)
+def critic_values(networks: Networks, critics, obs: jax.Array, action: jax.Array) -> jax.Array:
+    """Every critic's Q(obs, action in [-1, 1]): [num_critics, batch]. The critics are one network
+    vmapped over their stacked parameters: all of them run as one batched matmul per layer."""
+    x = jnp.concatenate([obs, action], axis=-1)
+    return jax.vmap(lambda params: networks.critic.apply(params, x)[..., 0])(critics)
 
 
 class ActionScale(NamedTuple):
@@ -424,14 +175,11 @@ class ActionScale(NamedTuple):
         return self.centre + self.half_range * squashed
 
 
-def action_scale(env: VecEnv) -> ActionScale:
+def action_scale(env: "VecEnv") -> ActionScale:
     low, high = jnp.asarray(env.action_low), jnp.asarray(env.action_high)
     return ActionScale(centre=(high + low) / 2, half_range=(high - low) / 2)
 
 
-# --------------------------------------------------------------------------------------
-# Replay buffer
-# --------------------------------------------------------------------------------------
 class Transition(NamedTuple):
     obs: jax.Array  # [..., obs_dim]
     action: jax.Array  # [..., action_dim] in [-1, 1]: the action before the rescale to the env's bounds
@@ -441,106 +189,52 @@ class Transition(NamedTuple):
 
 
 class ReplayBuffer(NamedTuple):
-    """A circular store of one run's transitions. Slots [0, size) are filled; `position` is
-    where the next transition goes. Under vmap every seed has its own buffer."""
+    """A circular store of one run's transitions (under vmap, one per seed): slots [0, size) are filled."""
 
     data: Transition  # every field [capacity, ...]
-    position: jax.Array  # int32
+    position: jax.Array  # int32: where the next transition goes
     size: jax.Array  # int32, at most capacity
 
 
 def buffer_init(capacity: int, obs_dim: int, action_dim: int) -> ReplayBuffer:
-    data = Transition(
-        obs=jnp.zeros((capacity, obs_dim), jnp.float32),
-        action=jnp.zeros((capacity, action_dim), jnp.float32),
-        reward=jnp.zeros(capacity, jnp.float32),
-        terminated=jnp.zeros(capacity, bool),
-        final_obs=jnp.zeros((capacity, obs_dim), jnp.float32),
-    )
-    return ReplayBuffer(data=data, position=jnp.int32(0), size=jnp.int32(0))
+    zeros = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity, *shape), dtype)  # noqa: E731
+    fields = dict(obs=zeros(obs_dim), action=zeros(action_dim), reward=zeros(), terminated=zeros(dtype=bool))
+    return ReplayBuffer(data=Transition(**fields, final_obs=zeros(obs_dim)), position=jnp.int32(0), size=jnp.int32(0))
 
 
 def buffer_add(buffer: ReplayBuffer, batch: Transition) -> ReplayBuffer:
     """Writes a batch of n <= capacity transitions at `position`, wrapping around the end."""
     capacity, n = buffer.data.reward.shape[0], batch.reward.shape[0]
     slots = (buffer.position + jnp.arange(n, dtype=jnp.int32)) % capacity
-    write = lambda store, x: store.at[slots].set(x.astype(store.dtype), unique_indices=True, mode="promise_in_bounds")
-    data, size = jax.tree.map(write, buffer.data, batch), jnp.minimum(buffer.size + n, capacity)
+    data = jax.tree.map(lambda store, x: store.at[slots].set(x.astype(store.dtype)), buffer.data, batch)
+    size = jnp.minimum(buffer.size + n, capacity)
     return ReplayBuffer(data=data, position=(buffer.position + n) % capacity, size=size)
 
 
-def buffer_sample(buffer: ReplayBuffer, bits: jax.Array) -> Transition:
-    """A batch of len(bits) - 1 transitions from the filled slots, from uniform random uint32 `bits`.
-
-    Every filled slot is equally likely to be in the batch (probability batch / size) and, once
-    the buffer holds at least a batch, no slot is drawn twice: the filled range is cut into
-    `batch` strata of nearly equal length, one slot is drawn from each, and the whole pattern
-    is rotated by a uniform random offset (the last word of `bits`).
-    """
-    batch = bits.shape[0] - 1
-    n = buffer.size
-    j = jnp.arange(batch + 1, dtype=jnp.int32)
-    bounds = j * (n // batch) + (j * (n % batch)) // batch  # floor(j * n / batch) without int32 overflow
-    start, length = bounds[:-1], jnp.diff(bounds)
-    offset = (bits[:-1] % jnp.maximum(length, 1).astype(jnp.uint32)).astype(jnp.int32)
-    slot = start + offset  # in [0, n)
-    shift = (bits[-1] % n.astype(jnp.uint32)).astype(jnp.int32)
-    slot = jnp.where(slot >= n - shift, slot - (n - shift), slot + shift)  # (slot + shift) % n, no overflow
-    return jax.tree.map(lambda store: store.at[slot].get(mode="promise_in_bounds"), buffer.data)
+def buffer_sample(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> Transition:
+    """`batch_size` transitions drawn uniformly, with replacement, from the filled slots."""
+    slots = jax.random.randint(key, (batch_size,), 0, buffer.size)
+    return jax.tree.map(lambda store: store[slots], buffer.data)
 
 
 # --------------------------------------------------------------------------------------
-# Training
+# The algorithm: the smoothed TD target, TD3's losses, and the training loop
 # --------------------------------------------------------------------------------------
 class Runner(NamedTuple):
     """Everything one run carries from update to update."""
 
     params: Any  # {"actor", "critic" (num_critics stacked)}
     target_params: Any  # the same tree: target actor and target critics
-    opt_state: Any  # {"actor", "critic"}: one Adam state each, over its flattened parameter vector
+    opt_state: Any  # {"actor", "critic"}: an Adam state each (the actor steps only every policy_delay)
     buffer: ReplayBuffer
-    episodes: Episodes
+    episodes: "Episodes"
     rng: jax.Array
     hparams: HParams
 
 
-class LossSums(NamedTuple):
-    """Sums over the steps of one update; divided by their counts, the logged metrics."""
-
-    loss: jax.Array  # the critics' TD loss, over critic steps
-    q_mean: jax.Array  # over critic steps
-    grad_norm: jax.Array  # the critics' gradient norm, over critic steps
-    actor_loss: jax.Array  # over actor steps
-
-
-class Learner(NamedTuple):
-    """What gradient steps change, as flat parameter vectors (see make_train). The actor has an
-    Adam of its own: it steps only every policy_delay critic steps."""
-
-    actor: jax.Array
-    critic: jax.Array
-    target_actor: jax.Array
-    target_critic: jax.Array
-    actor_opt: Any
-    critic_opt: Any
-    sums: LossSums
-
-
-class GradientNoise(NamedTuple):
-    """The randomness of one critic step, drawn ahead for a whole update."""
-
-    bits: jax.Array  # [batch + 1] uint32: which transitions the batch holds (buffer_sample)
-    smoothing: jax.Array  # [batch, action_dim] standard normal: the target actions' smoothing noise
-
-
-class StepInputs(NamedTuple):
-    """What one vectorized env step consumes, drawn ahead for a whole update ([num_steps, ...] each)."""
-
-    t: jax.Array  # the step's index within the update
-    random_action: jax.Array  # [num_envs, action_dim] uniform in [-1, 1]: actions before learning_starts
-    action_noise: jax.Array  # [num_envs, action_dim] standard normal: the exploration noise
-    gradient_noise: GradientNoise  # [max critic steps per env step, ...]
-    env_noise: StepNoise
+# What the steps log; summed over an update's steps and divided by their count, its metrics. loss (the
+# critics' TD loss), q_mean and grad_norm (the critics') per critic step; actor_loss per actor step.
+LOGGED = ("loss", "q_mean", "grad_norm", "actor_loss")
 
 
 def interval_crossings(before, steps: int, interval: int, learning_starts: int):
@@ -555,12 +249,6 @@ def total_gradient_steps(config: Config) -> int:
     trained = config.num_updates * config.steps_per_update
     rounds = max(0, trained // config.train_frequency - config.learning_starts // config.train_frequency)
     return rounds * config.gradient_steps
-
-
-def polyak_update(online: jax.Array, target: jax.Array, tau: jax.Array, count: jax.Array) -> jax.Array:
-    """`count` Polyak updates target <- tau * online + (1 - tau) * target in a row with the same
-    online parameters, in closed form: online + (1 - tau)^count * (target - online). tau = 1 copies."""
-    return online + (1.0 - tau) ** jnp.asarray(count, jnp.float32) * (target - online)
 
 
 def smoothed_target_action(target_action: jax.Array, noise: jax.Array, hparams: HParams) -> jax.Array:
@@ -579,215 +267,135 @@ def td_target(reward, terminated, next_q, gamma):
     return reward + gamma * (1.0 - terminated) * next_q.min(0)
 
 
-def make_losses(networks: Networks) -> tuple[Callable, Callable]:
-    """(critic_loss(critic, target_actor, target_critic, batch, smoothing, hparams) -> (loss, aux),
-    actor_loss(actor, critic, obs) -> loss), each over parameter trees."""
+def critic_loss(networks: Networks, critic, target_params, batch: Transition, hp: HParams, key: jax.Array):
+    """0.5 * the MSE to the TD target per critic, summed over critics (each regresses on the same
+    target), a' the target actor's smoothed action. `key` draws the smoothing noise."""
+    target_action = actor_action(networks, target_params["actor"], batch.final_obs)
+    next_action = smoothed_target_action(target_action, jax.random.normal(key, target_action.shape), hp)
+    next_q = critic_values(networks, target_params["critic"], batch.final_obs, next_action)
+    target = td_target(batch.reward, batch.terminated, next_q, hp.gamma)  # a constant: only `critic` is trained
+    q = critic_values(networks, critic, batch.obs, batch.action)
+    return 0.5 * jnp.square(q - target).mean(-1).sum(), {"q": q, "target": target}
 
-    def critic_loss(critic, target_actor, target_critic, batch: Transition, smoothing: jax.Array, hp: HParams):
-        next_action = smoothed_target_action(networks.actor.apply(target_actor, batch.final_obs), smoothing, hp)
-        next_q = critic_values(networks.critic, target_critic, batch.final_obs, next_action)
-        target = jax.lax.stop_gradient(td_target(batch.reward, batch.terminated, next_q, hp.gamma))
-        q = critic_values(networks.critic, critic, batch.obs, batch.action)
-        # 0.5 * squared error per critic, summed over critics: each critic regresses on the same target.
-        return 0.5 * jnp.square(q - target).mean(-1).sum(), {"q": q, "target": target}
 
-    def actor_loss(actor, critic, obs: jax.Array):
-        """-Q_1(s, actor(s)): the first critic only, as in the TD3 paper."""
-        first = jax.tree.map(lambda x: x[0], critic)
-        return -networks.critic.apply(first, obs, networks.actor.apply(actor, obs)).mean()
-
-    return critic_loss, actor_loss
+def actor_loss(networks: Networks, actor, critic, obs: jax.Array, key: jax.Array):
+    """-Q_1(s, actor(s)): the first critic only, as in the TD3 paper. `key` is unused by the deterministic
+    actor: it is there for a loss that samples."""
+    first = jax.tree.map(lambda x: x[:1], critic)  # stacked, as critic_values takes critics
+    return -critic_values(networks, first, obs, actor_action(networks, actor, obs))[0].mean()
 
 
 def make_optimizer(hparams: HParams):
     return optax.adam(learning_rate=hparams.lr)
 
 
-def update_metrics(learner: Learner, episodes: Episodes, grad_steps: jax.Array, actor_steps: jax.Array) -> dict:
-    """An update's metrics from its sums: NaN where no step of the kind was taken, never a stale value."""
-    mean = lambda total, n: jnp.where(n > 0, total / jnp.maximum(n, 1), jnp.nan)  # noqa: E731
-    sums = learner.sums
-    flat = jnp.concatenate([learner.actor, learner.critic, learner.target_actor, learner.target_critic])
-    return {
-        **episodes.metrics(),
-        "loss": mean(sums.loss, grad_steps),
-        "q_mean": mean(sums.q_mean, grad_steps),
-        "grad_norm": mean(sums.grad_norm, grad_steps),
-        "actor_loss": mean(sums.actor_loss, actor_steps),
-        "gradient_steps": grad_steps,
-        "actor_steps": actor_steps,
-        "finite": jnp.isfinite(jnp.stack(sums)).all() & jnp.isfinite(flat).all(),
-    }
+def critic_step(networks: Networks, runner: Runner, sums: dict, batch: Transition, key: jax.Array):
+    """One Adam step of the critics on `batch`; `sums` plus this step's loss, q_mean and grad_norm."""
+    params, hp = runner.params, runner.hparams
+    loss_and_grad = jax.value_and_grad(critic_loss, argnums=1, has_aux=True)
+    (loss, aux), grads = loss_and_grad(networks, params["critic"], runner.target_params, batch, hp, key)
+    updates, opt_state = make_optimizer(hp).update(grads, runner.opt_state["critic"])
+    params = {**params, "critic": optax.apply_updates(params["critic"], updates)}
+    runner = runner._replace(params=params, opt_state={**runner.opt_state, "critic": opt_state})
+    step = dict(loss=loss, q_mean=aux["q"].mean(), grad_norm=optax.tree.norm(grads))
+    return runner, {**sums, **{name: sums[name] + value for name, value in step.items()}}
 
 
-def make_train(config: Config) -> Callable:
+def actor_step(networks: Networks, runner: Runner, sums: dict, obs: jax.Array, key: jax.Array):
+    """One Adam step of the actor against the (just updated) first critic, then one Polyak step of
+    both target networks: targets <- tau * online + (1 - tau) * targets."""
+    params, hp = runner.params, runner.hparams
+    loss, grads = jax.value_and_grad(actor_loss, argnums=1)(networks, params["actor"], params["critic"], obs, key)
+    updates, opt_state = make_optimizer(hp).update(grads, runner.opt_state["actor"])
+    params = {**params, "actor": optax.apply_updates(params["actor"], updates)}
+    targets = optax.incremental_update(params, runner.target_params, hp.tau)
+    runner = runner._replace(params=params, target_params=targets, opt_state={**runner.opt_state, "actor": opt_state})
+    return runner, {**sums, "actor_loss": sums["actor_loss"] + loss}
+
+
+def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     """Returns `train(rng, hparams=None) -> (runner, metrics)` running the whole config, where
     `metrics` maps names to arrays of shape [num_updates]: `train.init(rng, hparams)`, then
-    `train.update(runner, update_index)` num_updates times in a `lax.scan`."""
+    `train.update(runner, update_index)` num_updates times in a `lax.scan`. `env` is the vectorised
+    environment to train in (default: `VecEnv(config.env_name, config.num_envs)`)."""
     validate(config)
-    env = VecEnv(config.env_name, config.num_envs)
-    require(
-        np.isfinite(env.action_low).all() and np.isfinite(env.action_high).all(),
-        f"--env-name {config.env_name} has unbounded actions ({env.action_low} to {env.action_high}); "
-        f"{os.path.basename(__file__)} squashes its actions into finite bounds",
-    )
-    networks = make_networks(config, env.action_dim)
-    scale = action_scale(env)
-    critic_loss, actor_loss = make_losses(networks)
-    T, N, B, A = config.num_steps, config.num_envs, config.batch_size, env.action_dim
-    # The most critic steps one vectorized step can owe (rounds due times steps per round).
-    max_grad_steps = -(-N // config.train_frequency) * config.gradient_steps
-
-    def init_params(key: jax.Array):
-        actor_key, critic_key = jax.random.split(key)
-        obs, action = jnp.zeros((1, env.obs_dim)), jnp.zeros((1, A))
-        critic_keys = jax.random.split(critic_key, config.num_critics)
-        return {
-            "actor": networks.actor.init(actor_key, obs),
-            "critic": jax.vmap(networks.critic.init, in_axes=(0, None, None))(critic_keys, obs, action),
-        }
-
-    # The optimizers see flat vectors instead of a dozen small arrays: on CPU every array is a
-    # separate kernel launch in Adam.
-    shapes = jax.eval_shape(init_params, jax.random.PRNGKey(0))
-    zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    _, unravel_actor = ravel_pytree(zeros["actor"])
-    _, unravel_critic = ravel_pytree(zeros["critic"])
+    env = VecEnv(config.env_name, config.num_envs) if env is None else env
+    low, high = env.action_low, env.action_high  # the squashed actions need finite bounds
+    require(np.isfinite([low, high]).all(), f"--env-name {config.env_name} has unbounded actions ({low} to {high})")
+    networks, scale = make_networks(config, env.action_dim), action_scale(env)
+    T, N, A = config.num_steps, config.num_envs, env.action_dim
 
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
-        rng, params_key, env_key = jax.random.split(rng, 3)
-        params = init_params(params_key)
-        optimizer = make_optimizer(hparams)
+        rng, actor_key, critic_key, env_key = jax.random.split(rng, 4)
+        obs, critic_keys = jnp.zeros((1, env.obs_dim)), jax.random.split(critic_key, config.num_critics)
+        critics = jax.vmap(networks.critic.init, in_axes=(0, None))(critic_keys, jnp.zeros((1, env.obs_dim + A)))
+        params = {"actor": networks.actor.init(actor_key, obs), "critic": critics}
         return Runner(
             params=params,
             target_params=params,
-            opt_state={name: optimizer.init(ravel_pytree(params[name])[0]) for name in ("actor", "critic")},
+            opt_state={name: make_optimizer(hparams).init(params[name]) for name in ("actor", "critic")},
             buffer=buffer_init(config.buffer_size, env.obs_dim, A),
             episodes=Episodes.start(*env.reset(env_key)),
             rng=rng,
             hparams=hparams,
         )
 
-    def critic_step(learner: Learner, batch: Transition, smoothing: jax.Array, hp: HParams) -> Learner:
-        def loss_fn(flat_critic):
-            actor, critic = unravel_actor(learner.target_actor), unravel_critic(learner.target_critic)
-            return critic_loss(unravel_critic(flat_critic), actor, critic, batch, smoothing, hp)
+    def learn(runner: Runner, sums: dict, before: jax.Array, key: jax.Array):
+        """The critic steps due in a vectorized step from `before` env steps (`gradient_steps` per multiple of
+        train_frequency crossed: any num_envs keeps the schedule), each policy_delay-th of the run followed by
+        an actor step and the target updates. Returns (runner, sums, (critic steps, actor steps) taken)."""
+        every, starts, per_round = config.train_frequency, config.learning_starts, config.gradient_steps
+        done = per_round * interval_crossings(0, before, every, starts)  # critic steps of the run so far
+        num_grad = per_round * interval_crossings(before, N, every, starts)
 
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(learner.critic)
-        updates, critic_opt = make_optimizer(hp).update(grads, learner.critic_opt)
-        sums = learner.sums._replace(
-            loss=learner.sums.loss + loss,
-            q_mean=learner.sums.q_mean + aux["q"].mean(),
-            grad_norm=learner.sums.grad_norm + jnp.linalg.norm(grads),
-        )
-        return learner._replace(critic=learner.critic + updates, critic_opt=critic_opt, sums=sums)
+        def step(i, carry):
+            runner, sums = carry
+            batch_key, critic_key, actor_key = jax.random.split(jax.random.fold_in(key, i), 3)
+            batch = buffer_sample(runner.buffer, batch_key, config.batch_size)
+            runner, sums = critic_step(networks, runner, sums, batch, critic_key)
+            # done + i is the same in every seed (not batched under vmap): the cond stays a branch.
+            due = (done + i + 1) % config.policy_delay == 0
+            actor = lambda carry: actor_step(networks, *carry, batch.obs, actor_key)  # noqa: E731
+            return jax.lax.cond(due, actor, lambda carry: carry, (runner, sums))
 
-    def actor_step(learner: Learner, obs: jax.Array, hp: HParams) -> Learner:
-        """One Adam step of the actor against the (just updated) first critic, then one Polyak
-        step of both target networks."""
-        critic = unravel_critic(learner.critic)
-        loss, grads = jax.value_and_grad(lambda flat: actor_loss(unravel_actor(flat), critic, obs))(learner.actor)
-        updates, actor_opt = make_optimizer(hp).update(grads, learner.actor_opt)
-        actor = learner.actor + updates
-        return learner._replace(
-            actor=actor,
-            actor_opt=actor_opt,
-            target_actor=polyak_update(actor, learner.target_actor, hp.tau, 1),
-            target_critic=polyak_update(learner.critic, learner.target_critic, hp.tau, 1),
-            sums=learner.sums._replace(actor_loss=learner.sums.actor_loss + loss),
-        )
+        runner, sums = jax.lax.fori_loop(0, num_grad, step, (runner, sums))
+        return runner, sums, (num_grad, (done + num_grad) // config.policy_delay - done // config.policy_delay)
 
-    def gradient_step(learner: Learner, buffer: ReplayBuffer, noise: GradientNoise, step: jax.Array, hp: HParams):
-        """Critic step number `step` of the run (0-based) on a batch from the buffer; the actor step
-        and target updates follow it when step + 1 is a multiple of policy_delay. `step` is the
-        same in every seed (not batched under vmap), so the cond stays a branch."""
-        batch = buffer_sample(buffer, noise.bits)
-        learner = critic_step(learner, batch, noise.smoothing, hp)
-        if config.policy_delay == 1:
-            return actor_step(learner, batch.obs, hp)
-        due = (step + 1) % config.policy_delay == 0
-        return jax.lax.cond(due, lambda c: actor_step(c, batch.obs, hp), lambda c: c, learner)
-
-    def learn(learner: Learner, buffer: ReplayBuffer, before: jax.Array, noise: GradientNoise, hp: HParams):
-        """The critic steps due in a vectorized step from `before` env steps: `gradient_steps` per
-        multiple of train_frequency that the env-step count crossed, so any num_envs keeps the
-        schedule. Returns (learner, critic steps taken, actor steps taken)."""
-        rounds = lambda start, steps: interval_crossings(start, steps, config.train_frequency, config.learning_starts)
-        done = rounds(0, before) * config.gradient_steps  # critic steps of the run so far
-        num_grad = rounds(before, N) * config.gradient_steps
-        step = lambda i, c: gradient_step(c, buffer, jax.tree.map(lambda x: x[i], noise), done + i, hp)  # noqa: E731
-        if max_grad_steps == 1:
-            learner = jax.lax.cond(num_grad > 0, lambda c: step(0, c), lambda c: c, learner)
-        else:
-            learner = jax.lax.fori_loop(0, num_grad, step, learner)
-        num_actor = (done + num_grad) // config.policy_delay - done // config.policy_delay
-        return learner, num_grad, num_actor
-
-    def env_step(carry: tuple, inputs: StepInputs, update_index: jax.Array, hp: HParams):
-        """One vectorized env step, its transitions written to the buffer, then the critic (and
-        actor) steps due; `carry` is (learner, buffer, episodes)."""
-        learner, buffer, episodes = carry
-        before = (update_index * T + inputs.t) * N  # env steps of this run before this vectorized step
+    def env_step(carry, inputs):
+        """One vectorized env step after `before` env steps of the run: act, store, learn what is due."""
+        (runner, sums), (before, key) = carry, inputs
+        obs, (random_key, action_key, env_key, learn_key) = runner.episodes.obs, jax.random.split(key, 4)
         # Env n's transition is env step before + n + 1 of the run: uniformly random actions
         # until learning_starts, then the actor's with Gaussian noise.
         warmup = before + jnp.arange(N) < config.learning_starts
-        greedy = networks.actor.apply(unravel_actor(learner.actor), episodes.obs)
-        noisy = jnp.clip(greedy + hp.exploration_noise * inputs.action_noise, -1.0, 1.0)
-        action = jnp.where(warmup[:, None], inputs.random_action, noisy)
-        step = env.step(inputs.env_noise, episodes.env_state, scale(action))
-        transitions = Transition(
-            obs=episodes.obs, action=action, reward=step.reward, terminated=step.terminated, final_obs=step.final_obs
-        )
-        buffer = buffer_add(buffer, transitions)
-        learner, num_grad, num_actor = learn(learner, buffer, before, inputs.gradient_noise, hp)
-        return (learner, buffer, episodes.after(step)), (num_grad, num_actor)
-
-    def draw_inputs(keys) -> StepInputs:
-        """All randomness of an update, drawn in a few batched calls rather than step by step."""
-        random_key, action_key, bits_key, smoothing_key, env_key = keys
-        return StepInputs(
-            t=jnp.arange(T, dtype=jnp.int32),
-            random_action=jax.random.uniform(random_key, (T, N, A), minval=-1.0, maxval=1.0),
-            action_noise=jax.random.normal(action_key, (T, N, A)),
-            gradient_noise=GradientNoise(
-                bits=jax.random.bits(bits_key, (T, max_grad_steps, B + 1), jnp.uint32),
-                smoothing=jax.random.normal(smoothing_key, (T, max_grad_steps, B, A)),
-            ),
-            env_noise=env.presample(env_key, T),
-        )
+        random_action = jax.random.uniform(random_key, (N, A), minval=-1.0, maxval=1.0)
+        policy_action = noisy_action(networks, runner.params["actor"], obs, action_key, runner.hparams)
+        action = jnp.where(warmup[:, None], random_action, policy_action)
+        step = env.step(env_key, runner.episodes.env_state, scale(action))
+        transitions = dict(obs=obs, action=action, reward=step.reward, terminated=step.terminated)
+        buffer = buffer_add(runner.buffer, Transition(**transitions, final_obs=step.final_obs))
+        runner = runner._replace(buffer=buffer, episodes=runner.episodes.after(step))
+        runner, sums, steps = learn(runner, sums, before, learn_key)
+        return (runner, sums), steps
 
     def update(runner: Runner, update_index: jax.Array):
-        hp = runner.hparams
-        rng, *keys = jax.random.split(runner.rng, 6)
-        flat = lambda params: {name: ravel_pytree(params[name])[0] for name in ("actor", "critic")}  # noqa: E731
-        online, target, zero = flat(runner.params), flat(runner.target_params), jnp.float32(0)
-        learner = Learner(
-            actor=online["actor"],
-            critic=online["critic"],
-            target_actor=target["actor"],
-            target_critic=target["critic"],
-            actor_opt=runner.opt_state["actor"],
-            critic_opt=runner.opt_state["critic"],
-            sums=LossSums(loss=zero, q_mean=zero, grad_norm=zero, actor_loss=zero),
-        )
-        step = lambda carry, inputs: env_step(carry, inputs, update_index, hp)  # noqa: E731
-        start = (learner, runner.buffer, runner.episodes.counting())
-        (learner, buffer, episodes), (num_grad, num_actor) = jax.lax.scan(step, start, draw_inputs(keys))
+        rng, steps_key = jax.random.split(runner.rng)
+        start = (runner._replace(episodes=runner.episodes.counting(), rng=rng), dict.fromkeys(LOGGED, jnp.float32(0)))
+        befores = (update_index * T + jnp.arange(T)) * N  # env steps of the run before each vectorized step
+        (runner, sums), steps = jax.lax.scan(env_step, start, (befores, jax.random.split(steps_key, T)))
+        num_grad, num_actor = steps[0].sum(), steps[1].sum()  # the metrics are NaN where no step was taken
+        mean = lambda total, n: jnp.where(n > 0, total / jnp.maximum(n, 1), jnp.nan)  # noqa: E731
+        counts = dict(loss=num_grad, q_mean=num_grad, grad_norm=num_grad, actor_loss=num_actor)
         metrics = {
             "env_steps": (update_index + 1) * T * N,
-            **update_metrics(learner, episodes, num_grad.sum(), num_actor.sum()),
+            **runner.episodes.metrics(),
+            **{name: mean(total, counts[name]) for name, total in sums.items()},
+            "gradient_steps": num_grad,
+            "actor_steps": num_actor,
+            "finite": jnp.isfinite(jnp.stack(list(sums.values()))).all()
+            & jnp.isfinite(optax.tree.norm((runner.params, runner.target_params))),
         }
-        unravel = lambda actor, critic: {"actor": unravel_actor(actor), "critic": unravel_critic(critic)}  # noqa: E731
-        runner = Runner(
-            params=unravel(learner.actor, learner.critic),
-            target_params=unravel(learner.target_actor, learner.target_critic),
-            opt_state={"actor": learner.actor_opt, "critic": learner.critic_opt},
-            buffer=buffer,
-            episodes=episodes,
-            rng=rng,
-            hparams=hp,
-        )
         return runner, metrics
 
     def train(rng: jax.Array, hparams: HParams | None = None):
@@ -798,108 +406,236 @@ def make_train(config: Config) -> Callable:
 
 
 # --------------------------------------------------------------------------------------
-# Evaluation
+# The policy's action
 # --------------------------------------------------------------------------------------
+def actor_action(networks: Networks, actor, obs: jax.Array) -> jax.Array:
+    """The deterministic actor's action in [-1, 1] (tanh of its network's output); `actor` its parameters."""
+    return jnp.tanh(networks.actor.apply(actor, obs))
+
+
+def noisy_action(networks: Networks, actor, obs: jax.Array, key: jax.Array, hp: HParams) -> jax.Array:
+    """The actor's action plus N(0, exploration_noise) noise (a fraction of the half range), clipped to [-1, 1]."""
+    action = actor_action(networks, actor, obs)
+    return jnp.clip(action + hp.exploration_noise * jax.random.normal(key, action.shape), -1.0, 1.0)
+
+
+def make_greedy_policy(config: Config, env: "VecEnv") -> "Policy":
+    """The actor's action rescaled onto the bounds, without exploration noise (no carry: not recurrent)."""
+    networks, scale = make_networks(config, env.action_dim), action_scale(env)
+
+    def act(params, carry, obs: jax.Array, start: jax.Array, key: jax.Array):
+        return carry, scale(actor_action(networks, params["actor"], obs))
+
+    return Policy(init=lambda num_envs: (), act=act)
+
+
 def saved_params(runner: Runner) -> dict:
     """What params.msgpack holds and `make_evaluate` takes: actor and critics."""
     return runner.params
 
 
-def make_greedy_policy(config: Config, env: VecEnv) -> "GreedyPolicy":
-    """The actor's action rescaled onto the bounds, without exploration noise."""
-    networks = make_networks(config, env.action_dim)
-    scale = action_scale(env)
-
-    def act(params, carry, obs: jax.Array, start: jax.Array):
-        return carry, scale(networks.actor.apply(params["actor"], obs))
-
-    return GreedyPolicy(init=lambda num_envs: (), act=act)
-
-
 # --------------------------------------------------------------------------------------
-# Greedy evaluation (the same in every algorithm file: tests/test_files.py)
+# Running this file (the same in every algorithm file: tests/test_files.py): config helpers, the
+# environment loop, greedy evaluation and the command line. In the repository, `python
+# algorithms/<name>.py` hands over to the run harness beside it (algorithms/onefile_harness); a copy
+# of this file alone runs `main`.
 # --------------------------------------------------------------------------------------
-class GreedyPolicy(NamedTuple):
-    init: Callable  # init(num_envs) -> the policy's own carry (e.g. a recurrent state)
-    act: Callable  # act(params, carry, obs, start) -> (carry, action); start: obs begins an episode
+class ConfigError(ValueError):
+    """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""
 
 
-class Evaluating(NamedTuple):
-    """What the evaluation loop carries from one env step to the next."""
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def require_positive(config, names: tuple) -> None:
+    for name in names:
+        require(getattr(config, name) > 0, f"{flag(name)} must be a positive integer, got {getattr(config, name)}")
+
+
+def hparams_from(config) -> HParams:  # the Config's own values of the sweepable fields
+    return HParams(**{name: jnp.float32(getattr(config, name)) for name in HParams._fields})
+
+
+def make_env(env_name: str):
+    """gymnax.make, with errors a user can act on; only the ACTIONS this file's algorithm takes."""
+    import gymnax
+
+    names = gymnax.registered_envs
+    require(env_name in names, f"--env-name {env_name!r} is not a gymnax environment; choose one of {', '.join(names)}")
+    env, env_params = gymnax.make(env_name)
+    kind = "discrete" if isinstance(env.action_space(env_params), gymnax.environments.spaces.Discrete) else "continuous"
+    require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; {os.path.basename(__file__)} takes {ACTIONS}")
+    return env, env_params
+
+
+class EnvStep(NamedTuple):
+    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    state: Any
+    reward: jax.Array  # [num_envs] float32
+    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
+    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
+    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+
+
+class VecEnv:
+    """`num_envs` copies of a gymnax env stepped by gymnax's own `step` (auto-reset, the true final
+    observation) under `jax.vmap`; observations flat float32, actions in the env's shape."""
+
+    def __init__(self, env_name: str, num_envs: int):
+        self.env, self.params = make_env(env_name)
+        self.num_envs, self.max_episode_steps = num_envs, int(self.params.max_steps_in_episode)
+        self.obs_shape = tuple(self.env.observation_space(self.params).shape)
+        self.obs_dim = int(np.prod(self.obs_shape))
+        space = self.env.action_space(self.params)
+        self.num_actions = int(getattr(space, "n", 0))  # discrete actions: how many
+        self.action_shape, self.action_dim = tuple(space.shape), int(np.prod(space.shape))  # continuous actions
+        bounds = [np.broadcast_to(np.float32(getattr(space, end, 0)), space.shape) for end in ("low", "high")]
+        self.action_low, self.action_high = (bound.reshape(-1) for bound in bounds)  # flat [action_dim]
+
+    def flat(self, obs: jax.Array) -> jax.Array:
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], self.obs_dim).astype(jnp.float32)
+
+    def reset(self, key: jax.Array):
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
+        return self.flat(obs), state
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
+        step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))
+        keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
+        obs, state, reward, terminated, truncated, info = step(keys, state, action, self.params)
+        final_obs = self.flat(info["final_observation"])
+        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+
+
+class Episodes(NamedTuple):
+    """Every env's current episode, and sums over the episodes that ended since `counting()` (an
+    update's start): their means are the logged metrics."""
 
     env_state: Any
+    obs: jax.Array  # [num_envs, obs_dim]
+    episode_return: jax.Array  # [num_envs] return so far
+    episode_length: jax.Array  # [num_envs] steps so far
+    finished: jax.Array = None  # int32: episodes that ended since counting began
+    return_sum: jax.Array = None  # float32: their returns, summed
+    length_sum: jax.Array = None  # int32: their lengths, summed
+
+    @classmethod
+    def start(cls, obs: jax.Array, env_state: Any) -> "Episodes":
+        return cls(env_state, obs, jnp.zeros(obs.shape[0]), jnp.zeros(obs.shape[0], jnp.int32)).counting()
+
+    def counting(self) -> "Episodes":
+        return self._replace(finished=jnp.int32(0), return_sum=jnp.float32(0), length_sum=jnp.int32(0))
+
+    def after(self, step: EnvStep) -> "Episodes":
+        """The episodes after `step`: those that ended are counted and begin anew."""
+        done, ret, length = step.terminated | step.truncated, self.episode_return + step.reward, self.episode_length + 1
+        ended = lambda x: jnp.where(done, x, 0).sum()  # noqa: E731
+        sums = (self.finished + done.sum(), self.return_sum + ended(ret), self.length_sum + ended(length))
+        return Episodes(step.state, step.obs, jnp.where(done, 0.0, ret), jnp.where(done, 0, length), *sums)
+
+    def metrics(self) -> dict:
+        """Mean return and length of the episodes counted: NaN when none ended."""
+        mean = lambda total: jnp.where(self.finished > 0, total / jnp.maximum(self.finished, 1), jnp.nan)  # noqa: E731
+        return dict(episode_return=mean(self.return_sum), episode_length=mean(self.length_sum), **{
+            "episodes_finished": self.finished})  # fmt: skip
+
+
+class Policy(NamedTuple):
+    init: Callable  # init(num_envs) -> the policy's own carry (e.g. a recurrent state)
+    act: Callable  # act(params, carry, obs, start, key) -> (carry, action); start: obs begins an episode
+
+
+class Evaluating(NamedTuple):  # what evaluation carries from step to step
+    env_state: Any
     obs: jax.Array
-    policy: Any  # the greedy policy's own carry
-    total: jax.Array  # [episodes] return so far
-    alive: jax.Array  # [episodes] bool: the episode has not ended yet
+    policy: Any  # the policy's own carry
+    total: jax.Array  # [episodes] return so far: each env's first episode is scored, and only it
+    alive: jax.Array  # [episodes] bool: that episode has not ended yet
     rng: jax.Array
     t: jax.Array  # env steps taken
 
 
-def make_evaluate(config: Config) -> Callable:
-    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes, one per
-    env, each scored until it ends; `params` as `saved_params` gives them."""
+def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
+    """Returns `evaluate(params, rng) -> mean return` of `eval_episodes` greedy episodes, one per env
+    of `env` (default: VecEnv(config.env_name, config.eval_episodes)), each scored until it ends."""
     validate(config)
-    env = VecEnv(config.env_name, config.eval_episodes)
+    env = VecEnv(config.env_name, config.eval_episodes) if env is None else env
     policy = make_greedy_policy(config, env)
 
     def env_step(params, carry: Evaluating) -> Evaluating:
-        rng, key = jax.random.split(carry.rng)
-        noise = jax.tree.map(lambda x: x[0], env.presample(key, 1, resets=False))
-        start = jnp.full(env.num_envs, carry.t == 0)  # an env that ended is no longer scored: no restart
-        policy_carry, action = policy.act(params, carry.policy, carry.obs, start)
-        step = env.step(noise, carry.env_state, action)
-        return Evaluating(
-            env_state=step.state,
-            obs=step.obs,
-            policy=policy_carry,
-            total=carry.total + jnp.where(carry.alive, step.reward, 0.0),
-            alive=carry.alive & ~(step.terminated | step.truncated),
-            rng=rng,
-            t=carry.t + 1,
+        rng, act_key, env_key = jax.random.split(carry.rng, 3)
+        policy_carry, action = policy.act(
+            params, carry.policy, carry.obs, jnp.full(env.num_envs, carry.t == 0), act_key
         )
+        step, total = env.step(env_key, carry.env_state, action), carry.total
+        total, alive = (
+            total + jnp.where(carry.alive, step.reward, 0.0),
+            carry.alive & ~(step.terminated | step.truncated),
+        )
+        return Evaluating(step.state, step.obs, policy_carry, total=total, alive=alive, rng=rng, t=carry.t + 1)
 
     def evaluate(params, rng: jax.Array) -> jax.Array:
         reset_key, rng = jax.random.split(rng)
         obs, env_state = env.reset(reset_key)
-        carry, alive, total = policy.init(env.num_envs), jnp.ones(env.num_envs, bool), jnp.zeros(env.num_envs)
-        first = Evaluating(env_state=env_state, obs=obs, policy=carry, total=total, alive=alive, rng=rng, t=0)
+        alive, total = jnp.ones(env.num_envs, bool), jnp.zeros(env.num_envs)
+        first = Evaluating(env_state, obs, policy.init(env.num_envs), total=total, alive=alive, rng=rng, t=0)
         running = lambda carry: carry.alive.any() & (carry.t < env.max_episode_steps)  # noqa: E731
         return jax.lax.while_loop(running, lambda carry: env_step(params, carry), first).total.mean()
 
     return evaluate
 
 
-# --------------------------------------------------------------------------------------
-# Command line (the same in every algorithm file: tests/test_files.py). In the repository,
-# `python algorithms/<name>.py` hands over to the run harness beside it (algorithms/onefile_harness:
-# sweeps, devices, progress, checkpoints, tracking, suites); a copy of this file alone runs `main`.
-# --------------------------------------------------------------------------------------
 def configure_xla() -> None:
-    """Sets XLA's flags for this file alone, before JAX's first computation (importing gymnax is
-    one); a flag already in XLA_FLAGS is left as it is. XLA's concurrency-optimised CPU scheduler
-    is turned off: it has deadlocked vmapped training (jaxlib 0.10). On a CPU-only install, backend
-    optimisation level 1 compiles faster and trains as fast (the run harness sets both too)."""
+    """XLA's flags for this file alone, set before JAX's first computation unless XLA_FLAGS has them:
+    the concurrency-optimised CPU scheduler off (it has deadlocked vmapped training, jaxlib 0.10), and
+    on a CPU-only install backend optimisation level 1 (compiles faster, trains as fast)."""
     flags = {"xla_cpu_enable_concurrency_optimized_scheduler": "false"}
-    accelerators = ("jax_cuda", "jax_rocm", "libtpu")
-    if os.environ.get("JAX_PLATFORMS", "").lower() == "cpu" or not any(
-        module.name.startswith(accelerators) for module in pkgutil.iter_modules()
-    ):
+    accelerator = any(module.name.startswith(("jax_cuda", "jax_rocm", "libtpu")) for module in pkgutil.iter_modules())
+    if os.environ.get("JAX_PLATFORMS", "").lower() == "cpu" or not accelerator:
         flags["xla_backend_optimization_level"] = "1"
     for name, value in flags.items():
         if name not in os.environ.get("XLA_FLAGS", ""):
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{name}={value}".strip()
 
 
+def train_in_chunks(config: Config, train, keys: jax.Array):
+    """All seeds in one vmapped program, called for a tenth of the updates at a time with progress
+    printed between calls; the updates past the run's end (in the last chunk) change nothing."""
+    num_updates, chunk = config.num_updates, -(-config.num_updates // 10)
+    runner = jax.jit(lambda keys: jax.lax.map(train.init, keys))(keys)  # as the harness does on CPU
+    shapes = jax.eval_shape(train.update, jax.eval_shape(train.init, keys[0]), 0)[1]
+    skip = lambda runner, index: (runner, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))  # noqa: E731
+    update = lambda runner, index: jax.lax.cond(index < num_updates, train.update, skip, runner, index)  # noqa: E731
+    scan = lambda runner, first: jax.lax.scan(update, runner, first + jnp.arange(chunk))  # noqa: E731
+    run, chunks, start = jax.jit(jax.vmap(scan, in_axes=(0, None)), donate_argnums=0), [], time.perf_counter()
+    for first in range(0, num_updates, chunk):
+        runner, metrics = run(runner, first)
+        chunks.append(jax.device_get(metrics))
+        done, returns = min(first + chunk, num_updates), chunks[-1]["episode_return"]
+        speed = done * config.steps_per_update * len(keys) / (time.perf_counter() - start)
+        mean = returns[np.isfinite(returns)].mean() if np.isfinite(returns).any() else np.nan
+        print(
+            f"update {done}/{num_updates}: return {mean:.1f}, {speed:,.0f} env steps/s (compile included)", flush=True
+        )
+    return runner, jax.tree.map(lambda *parts: np.concatenate(parts, axis=1)[:, :num_updates], *chunks)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """This file alone: every Config field a flag, all seeds trained in one jitted call, the greedy
+    """This file alone: every Config field a flag, all seeds trained in one vmapped program, the greedy
     policies evaluated, and config.json, metrics.npz, params.msgpack and summary.json written as the
     run harness writes them. Exits 2 on bad input (nothing written), 3 when NaN or inf appeared."""
-    name = os.path.basename(__file__)
+    name, fields = os.path.basename(__file__), dataclasses.fields(Config)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
-    for field in dataclasses.fields(Config):
-        kind = {"action": argparse.BooleanOptionalAction} if field.type is bool else {"type": field.type}
-        parser.add_argument(flag(field.name), default=field.default, help=field.metadata["doc"], **kind)
+    for field in fields:
+        kind, doc = typing.get_args(field.type)
+        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        parser.add_argument(flag(field.name), default=field.default, help=doc, **parse)
     parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
     try:
         args, unknown = parser.parse_known_args(argv)
@@ -907,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         require(
             not unknown, f"{' '.join(unknown)}: not an option of {name} alone, whose options --help lists {harness}"
         )
-        config = Config(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Config)})
+        config = Config(**{field.name: getattr(args, field.name) for field in fields})
         train, evaluate = make_train(config), make_evaluate(config)
         os.makedirs(args.runs_dir, exist_ok=True)
         prefix = f"{name[:-3]}-{config.env_name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-"
@@ -917,33 +653,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
     (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
-    start = time.perf_counter()
-    runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds))
-    metrics, seconds = jax.device_get(metrics), time.perf_counter() - start  # compilation included
+    start, keys = time.perf_counter(), jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+    runner, metrics = train_in_chunks(config, train, keys)
+    seconds = time.perf_counter() - start  # compilation included
     eval_keys = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    eval_return = jax.jit(jax.vmap(evaluate))(saved_params(runner), eval_keys)
-    point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
+    return write_results(
+        run_dir, config, runner, metrics, jax.jit(jax.vmap(evaluate))(saved_params(runner), eval_keys), seconds
+    )
+
+
+def write_results(run_dir: pathlib.Path, config: Config, runner, metrics: dict, eval_return, seconds: float) -> int:
+    """metrics.npz, params.msgpack and summary.json as the run harness writes them (one sweep point),
+    and the results on stdout; returns the exit status: 3 when NaN or inf appeared."""
+    point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731
     wall = seconds * np.arange(1, config.num_updates + 1) / config.num_updates
     np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(eval_return), wall_seconds=wall)
     (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(saved_params(runner))))
-    return summarise(run_dir, config, metrics, eval_return, seconds)
-
-
-def summarise(run_dir: pathlib.Path, config: Config, metrics: dict, eval_return, seconds: float) -> int:
-    """summary.json and the results on stdout; returns the exit status."""
     last = -(-config.num_updates // 20)  # a run's final return: its episodes ending in the last 5% of updates
     returns, counts = metrics["episode_return"][:, -last:], metrics["episodes_finished"][:, -last:]
     with np.errstate(invalid="ignore", divide="ignore"):  # NaN: no episode ended in that window
         final = np.where(counts > 0, returns * counts, 0.0).sum(-1) / counts.sum(-1)
-    summary = {
-        "algorithm": os.path.basename(__file__)[:-3],
-        "env_name": config.env_name,
-        "num_seeds": config.num_seeds,
-        "trained_timesteps": config.num_updates * config.steps_per_update,
-        "final_return_per_seed": [float(x) if np.isfinite(x) else None for x in final],
-        "eval_return_mean": float(np.mean(eval_return)),
-        "train_seconds": seconds,
-    }
+    summary = dict(algorithm=os.path.basename(__file__)[:-3], env_name=config.env_name, num_seeds=config.num_seeds)
+    summary.update(trained_timesteps=config.num_updates * config.steps_per_update, train_seconds=seconds)
+    summary.update(final_return_per_seed=[float(x) if np.isfinite(x) else None for x in final])
+    summary.update(eval_return_mean=float(np.mean(eval_return)))
     bad = np.argwhere(~metrics["finite"].T)  # [update, seed] where NaN or inf appeared, earliest first
     if len(bad):
         summary["nonfinite"] = {"first_update": int(bad[0, 0]) + 1, "seed_index": int(bad[0, 1])}

@@ -6,8 +6,9 @@ step, batch 256, 64-unit networks), on one device:
 
   training       the whole compiled run of 10,000 env steps (as bench_rejax.py times it), per env step
   no gradients   the same with learning_starts past the end: acting, env and replay buffer alone
-  loss + grad    SAC's loss and its gradient alone on a fixed batch, 2,000 in a `lax.scan`: the
-                 networks' arithmetic, with no sampling, optimizer, target update or env
+  loss + grad    SAC's loss and its gradient alone on a fixed batch and loss key, 2,000 in a `lax.scan`:
+                 the networks' arithmetic (and the loss's two normal draws), with no replay sampling,
+                 optimizer, target update or env
 Best of 3 timings of each compiled program. The gap between the first and the last is everything
 the training loop adds to the arithmetic that every SAC implementation does at this config.
 """
@@ -47,15 +48,13 @@ def training_us(sac, **overrides) -> float:
 
 def loss_and_grad_us(sac) -> float:
     import jax
-    from jax.flatten_util import ravel_pytree
 
     config = sac.Config(**REJAX_CONFIG["sac"], num_seeds=1)
     env = sac.VecEnv(config.env_name, 1)
-    loss = sac.make_sac_loss(config, sac.make_networks(config, env.action_dim), sac.action_scale(env))
+    networks, scale = sac.make_networks(config, env.action_dim), sac.action_scale(env)
     runner = sac.make_train(config).init(jax.random.PRNGKey(0))  # the parameters a run starts from
-    flat, unravel = ravel_pytree(runner.params)
     B, A, O = config.batch_size, env.action_dim, env.obs_dim
-    keys = jax.random.split(jax.random.PRNGKey(1), 6)
+    keys = jax.random.split(jax.random.PRNGKey(1), 5)
     batch = sac.Transition(
         obs=jax.random.normal(keys[0], (B, O)),
         action=jax.random.uniform(keys[1], (B, A), minval=-1, maxval=1),
@@ -63,20 +62,14 @@ def loss_and_grad_us(sac) -> float:
         terminated=jax.numpy.zeros(B, bool),
         final_obs=jax.random.normal(keys[3], (B, O)),
     )
-    noise = sac.GradientNoise(
-        bits=jax.numpy.zeros(B + 1, jax.numpy.uint32),  # unused: the batch is given
-        next_action=jax.random.normal(keys[4], (B, A)),
-        action=jax.random.normal(keys[5], (B, A)),
-    )
+    target = runner.target_params["critic"]
+    loss = lambda params: sac.sac_loss(networks, scale, params, target, batch, runner.hparams, keys[4])[0]  # noqa: E731
 
-    def step(flat, _):  # a tiny step keeps every iteration dependent on the last
-        grad = jax.grad(lambda p: loss(unravel(p), runner.target_params["critic"], batch, noise, runner.hparams)[0])(
-            flat
-        )
-        return flat - 1e-6 * grad, None
+    def step(params, _):  # a tiny step keeps every iteration dependent on the last
+        return jax.tree.map(lambda p, g: p - 1e-6 * g, params, jax.grad(loss)(params)), None
 
-    program = jax.jit(lambda flat: jax.lax.scan(step, flat, None, length=GRAD_STEPS)[0])
-    return best_seconds(program, flat) / GRAD_STEPS * 1e6
+    program = jax.jit(lambda params: jax.lax.scan(step, params, None, length=GRAD_STEPS)[0])
+    return best_seconds(program, runner.params) / GRAD_STEPS * 1e6
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """td3.py: the TD target with target policy smoothing and the twin minimum against NumPy on a
 hand-made batch with terminations and truncations, the smoothing noise's clip, the policy-delay
 schedule (actor steps == critic steps // policy_delay exactly, for a num_envs that does not
-divide the train interval) on conftest.SMALL_TRAIN's config, and the DDPG setting. The small
+divide the train interval), one critic step and one actor step (Adam on the parameter trees, the
+Polyak update of both targets) on conftest.SMALL_TRAIN's config, and the DDPG setting. The small
 program is compiled once per session (conftest's `single`), shared with tests/test_train.py."""
 
 import dataclasses
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.flatten_util import ravel_pytree
 
 from conftest import load_algorithm, numpy_mlp
 
@@ -34,15 +36,15 @@ def setup():
     (not terminated; final_obs is the cut-off state) and terminated, in turn."""
     config = td3.Config(hidden_size=16)
     networks = td3.make_networks(config, 1)
-    obs0, act0 = jnp.zeros((1, 3)), jnp.zeros((1, 1))
-    init_critics = jax.vmap(networks.critic.init, in_axes=(0, None, None))
+    obs0, obs_action0 = jnp.zeros((1, 3)), jnp.zeros((1, 4))
+    init_critics = jax.vmap(networks.critic.init, in_axes=(0, None))
 
     def params(seed):
         actor_key, critic_key = jax.random.split(jax.random.PRNGKey(seed))
         return jax.device_get(
             {
                 "actor": networks.actor.init(actor_key, obs0),
-                "critic": init_critics(jax.random.split(critic_key, 2), obs0, act0),
+                "critic": init_critics(jax.random.split(critic_key, 2), obs_action0),
             }
         )
 
@@ -56,22 +58,21 @@ def setup():
         terminated=kind == 2,
         final_obs=(2 * rng.normal(size=(n, 3))).astype(np.float32),
     )
-    smoothing = (2 * rng.normal(size=(n, 1))).astype(np.float32)  # wide: the clip at noise_clip binds often
-    return config, networks, params(0), params(1), batch, smoothing, kind
+    key = jax.random.PRNGKey(3)  # the critic loss's: it draws the smoothing noise
+    return config, networks, params(0), params(1), batch, key, kind
 
 
 def test_td_target_with_smoothing_matches_numpy(setup):
     """y = r + gamma * (1 - terminated) * min_i Q_target_i(s', clip(mu_target(s') + clip(sigma * eps,
-    -c, c), -1, 1)); the critics regress on it with 0.5 * sum over critics of the MSE."""
-    config, networks, online, target, batch, smoothing, kind = setup
-    gamma, sigma, clip = 0.9, 0.2, 0.5
+    -c, c), -1, 1)), eps drawn from the loss's key; the critics regress on it with 0.5 * sum over critics of
+    the MSE."""
+    config, networks, online, target, batch, key, kind = setup
+    gamma, sigma, clip = 0.9, 0.4, 0.5  # a wide sigma: the clip at noise_clip binds often
     hparams = td3.hparams_from(config)._replace(
         gamma=jnp.float32(gamma), policy_noise=jnp.float32(sigma), noise_clip=jnp.float32(clip)
     )
-    critic_loss, _ = td3.make_losses(networks)
-    loss, aux = jax.device_get(
-        critic_loss(online["critic"], target["actor"], target["critic"], batch, smoothing, hparams)
-    )
+    loss, aux = jax.device_get(td3.critic_loss(networks, online["critic"], target, batch, hparams, key))
+    smoothing = np.asarray(jax.random.normal(key, (len(batch.reward), 1)))  # what the loss draws
     target_action = np.tanh(numpy_mlp(target["actor"], batch.final_obs))
     smoothed = np.clip(target_action + np.clip(sigma * smoothing, -clip, clip), -1, 1)
     assert (np.abs(sigma * smoothing) > clip).any()
@@ -84,20 +85,51 @@ def test_td_target_with_smoothing_matches_numpy(setup):
     np.testing.assert_allclose(loss, 0.5 * ((q - want) ** 2).mean(-1).sum(), rtol=1e-4)
     # Truncated and continuing transitions bootstrap from final_obs; terminated ones never do.
     moved = batch._replace(final_obs=batch.final_obs + 1.0)
-    changed = jax.device_get(
-        critic_loss(online["critic"], target["actor"], target["critic"], moved, smoothing, hparams)
-    )
+    changed = jax.device_get(td3.critic_loss(networks, online["critic"], target, moved, hparams, key))
     np.testing.assert_array_equal(changed[1]["target"][kind == 2], aux["target"][kind == 2])
     assert (changed[1]["target"][kind != 2] != aux["target"][kind != 2]).all()
 
 
 def test_actor_loss_uses_the_first_critic(setup):
-    config, networks, online, _, batch, _, _ = setup
-    _, actor_loss = td3.make_losses(networks)
-    loss = float(actor_loss(online["actor"], online["critic"], batch.obs))
+    config, networks, online, _, batch, key, _ = setup
+    loss = float(td3.actor_loss(networks, online["actor"], online["critic"], batch.obs, key))
     action = np.tanh(numpy_mlp(online["actor"], batch.obs))
     q = numpy_critics(online["critic"], batch.obs, action)
     assert loss == pytest.approx(-q[0].mean(), rel=1e-5)
+
+
+def test_critic_and_actor_steps_on_the_parameter_trees(setup):
+    """A critic step moves the critics only (Adam on their tree, as on their flat vector); an actor
+    step then moves the actor only and both targets become tau * online + (1 - tau) * targets."""
+    config, networks, online, target, batch, key, _ = setup
+    hparams = td3.hparams_from(config)._replace(tau=jnp.float32(0.3))
+    adam = td3.make_optimizer(hparams)
+    opt_state = {name: adam.init(online[name]) for name in ("actor", "critic")}
+    runner = td3.Runner(online, target, opt_state, buffer=None, episodes=None, rng=None, hparams=hparams)
+    sums = dict.fromkeys(td3.LOGGED, jnp.float32(0))
+    critic_key, actor_key = jax.random.split(key)
+    after_critic, sums = jax.jit(td3.critic_step, static_argnums=0)(networks, runner, sums, batch, critic_key)
+    flat, unravel = ravel_pytree(online["critic"])
+    loss = lambda flat: td3.critic_loss(networks, unravel(flat), target, batch, hparams, critic_key)[0]  # noqa: E731
+    grads = jax.grad(loss)(flat)
+    want = unravel(flat + adam.update(grads, adam.init(flat))[0])
+    close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)  # noqa: E731
+    jax.tree.map(close, after_critic.params["critic"], want)
+    jax.tree.map(np.testing.assert_array_equal, after_critic.params["actor"], online["actor"])
+    jax.tree.map(np.testing.assert_array_equal, after_critic.target_params, target)
+    assert float(sums["loss"]) == pytest.approx(float(loss(flat)), rel=1e-6) and float(sums["actor_loss"]) == 0
+    assert float(sums["grad_norm"]) == pytest.approx(float(np.linalg.norm(grads)), rel=1e-5)
+
+    after_actor, sums = jax.jit(td3.actor_step, static_argnums=0)(networks, after_critic, sums, batch.obs, actor_key)
+    jax.tree.map(np.testing.assert_array_equal, after_actor.params["critic"], after_critic.params["critic"])
+    moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), after_actor.params["actor"], online["actor"])
+    assert all(jax.tree.leaves(moved))
+    polyak = lambda online, old: 0.3 * np.float64(online) + 0.7 * np.float64(old)  # noqa: E731
+    jax.tree.map(close, after_actor.target_params, jax.tree.map(polyak, after_actor.params, target))
+    actor_loss = td3.actor_loss(
+        networks, after_critic.params["actor"], after_critic.params["critic"], batch.obs, actor_key
+    )
+    assert float(sums["actor_loss"]) == pytest.approx(float(actor_loss), rel=1e-6)
 
 
 def test_smoothing_noise_never_exceeds_the_clip():
