@@ -67,12 +67,13 @@ def worker(seeds: int, total_timesteps: int) -> None:
     suites.register(config.env_name)  # brax/... through gymnax's registry, as the command line does
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
     start = time.perf_counter()
-    compiled = jax.jit(jax.vmap(module.make_train(config))).lower(keys).compile()
+    train = module.make_train(config, suites.vec_env(module, config.env_name, config.num_envs))  # pooled resets
+    compiled = jax.jit(jax.vmap(train)).lower(keys).compile()
     compiled_at = time.perf_counter()
     runner, metrics = jax.block_until_ready(compiled(keys))
     run_s = time.perf_counter() - compiled_at
     metrics = {k: np.asarray(v) for k, v in metrics.items()}
-    evaluate = jax.jit(jax.vmap(module.make_evaluate(config)))
+    evaluate = jax.jit(jax.vmap(suites.make_evaluate(module, config)))
     greedy = np.asarray(evaluate(module.saved_params(runner), jax.random.split(jax.random.PRNGKey(1), seeds)))
     steps = int(metrics["env_steps"][0, -1])
     finals = stats.final_returns(metrics)

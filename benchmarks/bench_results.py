@@ -199,7 +199,7 @@ def _default(name: str, field: str):
     tree = ast.parse(open(algorithm_path(name)).read())
     for node in ast.walk(tree):
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == field:
-            return ast.literal_eval(node.value.args[0])  # field: int = _option(DEFAULT, "doc")
+            return ast.literal_eval(node.value)  # field: Annotated[int, "doc"] = DEFAULT
     raise KeyError(field)
 
 

@@ -9,11 +9,12 @@ Per env and env count, in one process, alternating for --rounds rounds (the tabl
 one's best round):
   suite      the suite's raw env: `jax.vmap` of its step over the envs, 64 steps in a `lax.scan`,
              no resets (episodes that end keep stepping, as cheap as any step), keys split per step
-  adapter    VecEnv from algorithms/ppo.py (ppo_continuous.py for Brax): 64 steps drawn and
-             stepped as a rollout does (`presample`, then `step` in a `lax.scan`), every ended
-             episode replaced by the env's reserved fresh episode, one reserve redrawn per
-             `envs_per_reset` env steps (several per step, or one every few steps)
-  per-env    the same with one fresh episode per env per step (no reserves), for what they save
+  adapter    the harness's pooled env (suites.vec_env) over algorithms/ppo.py's VecEnv
+             (ppo_continuous.py for Brax): 64 steps in a `lax.scan` as a rollout steps them, every
+             ended episode replaced by the env's reserved fresh episode, one reserve redrawn per
+             `envs_per_reset` envs at every step (at least one)
+  per-env    the file's own VecEnv (gymnax's auto-reset: a fresh episode per env per step), for
+             what the reserves save
 And the mean return of a uniformly random policy on each env, the floor learning must beat.
 Writes results/suites_<backend>.{md,jsonl}.
 """
@@ -86,24 +87,23 @@ def adapter_program(env_name: str, num_envs: int, pool: bool):
 
     module = load_algorithm("ppo_continuous" if env_name.startswith("brax/") else "ppo")
     suites.register(env_name)
-    vec = module.VecEnv(env_name, num_envs)
-    if not pool:  # a fresh episode for every env at every step, as for a gymnax env
-        vec.num_resets, vec.reset_every, vec.reserve = num_envs, 1, False
+    # pooled: the harness's env (one reserve redrawn per envs_per_reset envs and step); else the
+    # file's own VecEnv, gymnax's auto-reset: a fresh episode for every env at every step.
+    vec = suites.vec_env(module, env_name, num_envs) if pool else module.VecEnv(env_name, num_envs)
     _, _, sample = raw_suite(env_name)
 
     def run(state, key):
-        noise_key, action_key = jax.random.split(key)
-        noise = vec.presample(noise_key, STEPS)
+        step_key, action_key = jax.random.split(key)
         actions = jax.vmap(sample, in_axes=(0, None))(jax.random.split(action_key, STEPS), num_envs)
 
         def body(state, inputs):
-            noise_t, action_t = inputs
-            return vec.step(noise_t, state, action_t).state, None
+            key_t, action_t = inputs
+            return vec.step(key_t, state, action_t).state, None
 
-        return jax.lax.scan(body, state, (noise, actions))[0]
+        return jax.lax.scan(body, state, (jax.random.split(step_key, STEPS), actions))[0]
 
     _, state = jax.jit(vec.reset)(jax.random.PRNGKey(0))
-    return jax.jit(run), state, vec.num_resets / vec.reset_every
+    return jax.jit(run), state, getattr(vec, "num_resets", num_envs)
 
 
 def timed(program, state, rounds_key):
@@ -153,14 +153,13 @@ def random_policy_return(env_name: str, num_envs: int = 64, num_steps: int = 5_0
 
     module = load_algorithm("ppo_continuous" if env_name.startswith("brax/") else "ppo")
     suites.register(env_name)
-    vec = module.VecEnv(env_name, num_envs)
+    vec = suites.vec_env(module, env_name, num_envs)
     _, _, sample = raw_suite(env_name)
     chunk = 100
 
     def run(carry, key):
         state, episode_return, total, finished = carry
-        noise_key, action_key = jax.random.split(key)
-        noise = vec.presample(noise_key, chunk)
+        step_key, action_key = jax.random.split(key)
         actions = jax.vmap(sample, in_axes=(0, None))(jax.random.split(action_key, chunk), num_envs)
 
         def body(carry, inputs):
@@ -171,7 +170,8 @@ def random_policy_return(env_name: str, num_envs: int = 64, num_steps: int = 5_0
             total = total + jnp.where(done, episode_return, 0.0).sum()
             return (step.state, jnp.where(done, 0.0, episode_return), total, finished + done.sum()), None
 
-        return jax.lax.scan(body, (state, episode_return, total, finished), (noise, actions))[0], None
+        keys = jax.random.split(step_key, chunk)
+        return jax.lax.scan(body, (state, episode_return, total, finished), (keys, actions))[0], None
 
     _, state = vec.reset(jax.random.PRNGKey(0))
     carry = (state, jnp.zeros(num_envs), jnp.float32(0), jnp.int32(0))
@@ -194,11 +194,10 @@ def write_table(records: list, randoms: list, path: str, about: str) -> None:
         about + ".",
         "",
         f"Random actions, {STEPS} steps per jitted call (best of the rounds, compile apart). suite: the raw env's "
-        "vmapped step, no resets, its keys split at every step as a plain loop does (VecEnv draws a rollout's "
-        "keys in one batched call, which on CPU can make the adapter the faster of the two). adapter: "
-        "`--env-name SUITE/NAME` through VecEnv, auto-reset included, each env starting its reserved fresh episode, "
-        "one reserve redrawn per `envs_per_reset` env steps. per-env: the same with a fresh episode drawn for every "
-        "env at every step. Cost: 1 - adapter / suite.",
+        "vmapped step, no resets, its keys split at every step. adapter: `--env-name SUITE/NAME` through the "
+        "harness's pooled env, auto-reset included, each env starting its reserved fresh episode, one reserve "
+        "redrawn per `envs_per_reset` envs at every step. per-env: the file's VecEnv, gymnax's auto-reset, a fresh "
+        "episode drawn for every env at every step. Cost: 1 - adapter / suite.",
         "",
         "| env | envs | fresh episodes per step | suite steps/s | adapter steps/s | cost | per-env steps/s |",
         "|---|---|---|---|---|---|---|",
