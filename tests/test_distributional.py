@@ -1,7 +1,8 @@
 """c51.py's projected distributional Bellman target and cross-entropy loss, and qr_dqn.py's quantile
-Huber loss, against plain NumPy references written one transition (and one atom or quantile pair) at
-a time as the papers state them, on hand-made batches with terminations and time-limit truncations;
-the greedy policies against the mean of the distributions, and the new options' validation."""
+Huber loss (its value and its jax.grad gradient), against plain NumPy references written one transition
+(and one atom or quantile pair) at a time as the papers state them, on hand-made batches with terminations
+and time-limit truncations; the greedy policies against the mean of the distributions, and the new
+options' validation."""
 
 import dataclasses
 import types
@@ -51,14 +52,21 @@ def make_batch(module, n=48, reward_scale=3.0, seed=0):
 
 
 _LOSSES = {}
+KEY = jax.random.PRNGKey(7)  # td_loss's key: neither loss draws anything from it
 
 
 def jitted_loss(module, config, network):
-    """One compiled td_loss per file and config, shared by the tests (gamma and kappa are inputs)."""
+    """One compiled td_loss per file and config, shared by the tests (the HParams, gamma and kappa
+    among them, are inputs)."""
     key = (module.__name__, config)
     if key not in _LOSSES:
         _LOSSES[key] = jax.jit(module.make_td_loss(config, network))
     return _LOSSES[key]
+
+
+def hparams(module, config, **values):
+    """The config's HParams with `values` (gamma, kappa): what td_loss reads them from."""
+    return module.hparams_from(dataclasses.replace(config, **values))
 
 
 def init_pair(module, config):
@@ -171,7 +179,7 @@ def reference_c51(c51, config, online, target, batch, gamma, double):
 
 def c51_loss(c51, config, network, online, target, batch, gamma):
     td_loss = jitted_loss(c51, config, network)
-    return td_loss(online, target, jax.tree.map(jnp.asarray, batch), jnp.float32(gamma))
+    return td_loss(online, target, jax.tree.map(jnp.asarray, batch), hparams(c51, config, gamma=gamma), KEY)
 
 
 @pytest.mark.parametrize("double", [False, True])
@@ -232,8 +240,8 @@ def test_c51_double_dqn_picks_the_next_action_by_the_online_expected_value(c51, 
 def test_c51_gradient_flows_only_through_the_online_network(c51, c51_setup):
     config, network, online, target, batch = c51_setup
     td_loss = c51.make_td_loss(config, network)
-    batch = jax.tree.map(jnp.asarray, batch)
-    grads = jax.jit(jax.grad(lambda p, t: td_loss(p, t, batch, jnp.float32(0.99))[0], argnums=(0, 1)))(online, target)
+    batch, hp = jax.tree.map(jnp.asarray, batch), hparams(c51, config)
+    grads = jax.jit(jax.grad(lambda p, t: td_loss(p, t, batch, hp, KEY)[0], argnums=(0, 1)))(online, target)
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads[1]))
     assert any(float(jnp.abs(g).max()) > 0.0 for g in jax.tree.leaves(grads[0]))
 
@@ -291,7 +299,8 @@ def test_quantile_huber_loss_matches_reference(qr_dqn, qr_setup, double, kappa):
     config = dataclasses.replace(config, double_dqn=double)
     td_loss = jitted_loss(qr_dqn, config, network)
     gamma = 0.9
-    value, aux = td_loss(online, target, jax.tree.map(jnp.asarray, batch), jnp.float32(gamma), jnp.float32(kappa))
+    hp = hparams(qr_dqn, config, gamma=gamma, kappa=kappa)
+    value, aux = td_loss(online, target, jax.tree.map(jnp.asarray, batch), hp, KEY)
     want_target, want_loss = reference_qr(online, target, batch, gamma, kappa, double)
     got = np.asarray(aux["target"])
     assert got.shape == (len(batch.reward), QUANTILES)
@@ -317,7 +326,7 @@ def test_qr_double_dqn_picks_the_next_action_by_the_online_mean(qr_dqn, qr_setup
     got = {}
     for double in (False, True):
         td_loss = jitted_loss(qr_dqn, dataclasses.replace(config, double_dqn=double), network)
-        args = (jax.tree.map(jnp.asarray, batch), jnp.float32(0.99), jnp.float32(1.0))
+        args = (jax.tree.map(jnp.asarray, batch), hparams(qr_dqn, config, gamma=0.99, kappa=1.0), KEY)
         got[double] = np.asarray(td_loss(online, target, *args)[1]["target"])
     assert not np.allclose(got[False][differ], got[True][differ])
     np.testing.assert_allclose(got[False][~differ], got[True][~differ], rtol=1e-6)
@@ -351,23 +360,36 @@ def test_quantile_gradient_signs_and_asymmetry(qr_dqn, kappa):
     assert got == pytest.approx(reference_quantile_huber(theta[0], targets[0], kappa), rel=1e-5)
 
 
-def test_quantile_huber_gradient_equals_autodiff_of_the_formula(qr_dqn):
-    """quantile_huber_loss writes its gradient out; it equals autodiff of the loss as written."""
+def reference_quantile_huber_gradient(theta, targets, kappa):
+    """d reference_quantile_huber / d theta_i, one pair at a time: the Huber loss's slope in u is
+    clip(u, -kappa, kappa) and du / d theta_i = -1, so the gradient is
+    -mean_j |tau_i - 1{u < 0}| * clip(u, -kappa, kappa) / kappa."""
+    n = len(theta)
+    grad = np.zeros(n)
+    for i in range(n):
+        tau = (2 * i + 1) / (2 * n)
+        for j in range(len(targets)):
+            u = float(targets[j]) - float(theta[i])
+            grad[i] -= abs(tau - (1.0 if u < 0 else 0.0)) * min(max(u, -kappa), kappa) / kappa / len(targets)
+    return grad
 
-    def plain(theta, targets, kappa):
-        tau = (2 * jnp.arange(theta.shape[-1]) + 1) / (2 * theta.shape[-1])
-        u = targets[:, None, :] - theta[:, :, None]
-        huber = jnp.where(jnp.abs(u) <= kappa, 0.5 * u**2, kappa * (jnp.abs(u) - 0.5 * kappa))
-        return (jnp.abs(tau[:, None] - (u < 0)) * huber / kappa).mean(-1).sum(-1).mean()
 
+@pytest.mark.parametrize("kappa", [1.0, 0.3])
+def test_quantile_huber_loss_and_its_autodiff_gradient_match_numpy(qr_dqn, kappa):
+    """quantile_huber_loss is the plain formula, differentiated by jax.grad: its value and gradient
+    over a batch (the mean of the rows') equal the NumPy double loops, with |u| on both sides of kappa."""
     rng = np.random.default_rng(7)
-    theta, targets = jnp.float32(rng.normal(size=(6, QUANTILES))), jnp.float32(2 * rng.normal(size=(6, 5)))
-    for kappa in (jnp.float32(1.0), jnp.float32(0.3)):
-        got = jax.jit(jax.value_and_grad(qr_dqn.quantile_huber_loss, argnums=(0, 1)))(theta, targets, kappa)
-        want = jax.jit(jax.value_and_grad(plain, argnums=(0, 1)))(theta, targets, kappa)
-        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
-        for g, w in zip(got[1], want[1], strict=True):
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+    theta, targets = rng.normal(size=(6, QUANTILES)), 2 * rng.normal(size=(6, 5))
+    u = targets[:, None, :] - theta[:, :, None]
+    assert (np.abs(u) < kappa).any() and (np.abs(u) > kappa).any()
+    value, grad = jax.jit(jax.value_and_grad(qr_dqn.quantile_huber_loss))(
+        jnp.float32(theta), jnp.float32(targets), jnp.float32(kappa)
+    )
+    rows = list(zip(theta, targets, strict=True))
+    want = np.mean([reference_quantile_huber(t, y, kappa) for t, y in rows])
+    assert float(value) == pytest.approx(want, rel=1e-5)
+    want_grad = np.stack([reference_quantile_huber_gradient(t, y, kappa) for t, y in rows]) / len(rows)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-7)
 
 
 # --------------------------------------------------------------------------------------
@@ -378,7 +400,7 @@ def test_greedy_policies_act_on_the_mean(c51, qr_dqn, c51_setup, qr_setup):
     for module, (config, _, online, _, _), width in ((c51, c51_setup, ATOMS), (qr_dqn, qr_setup, QUANTILES)):
         env = types.SimpleNamespace(num_actions=NUM_ACTIONS)  # all the policy reads of its env
         policy = module.make_greedy_policy(config, env)
-        _, action = jax.jit(policy.act)({"q": online}, (), obs, jnp.ones(32, bool))
+        _, action = jax.jit(policy.act)({"q": online}, (), obs, jnp.ones(32, bool), KEY)
         heads = numpy_heads(online, obs, width)
         value = softmax(heads) @ atoms_of(c51, config) if module is c51 else heads.mean(-1)
         np.testing.assert_array_equal(action, value.argmax(-1))

@@ -29,6 +29,14 @@ def reference_targets(online, target, batch, gamma, double):
     return np.array(ys)
 
 
+def hparams(dqn, config, gamma=0.99):
+    """The config's HParams with `gamma`: what td_loss reads the discount from."""
+    return dqn.hparams_from(dqn.dataclasses.replace(config, gamma=gamma))
+
+
+KEY = jax.random.PRNGKey(7)  # td_loss's key: DQN's loss draws nothing from it
+
+
 @pytest.fixture(scope="module")
 def q_setup(dqn):
     config = dqn.Config(hidden_size=16, num_layers=2)
@@ -58,7 +66,7 @@ def test_td_loss_matches_reference(dqn, q_setup, double, loss, gamma):
     config, network, online, target, batch = q_setup
     config = dqn.dataclasses.replace(config, double_dqn=double, loss=loss)
     td_loss = dqn.make_td_loss(config, network)
-    value, aux = jax.jit(td_loss)(online, target, jax.tree.map(jnp.asarray, batch), jnp.float32(gamma))
+    value, aux = jax.jit(td_loss)(online, target, jax.tree.map(jnp.asarray, batch), hparams(dqn, config, gamma), KEY)
     want = reference_targets(online, target, batch, gamma, double)
     np.testing.assert_allclose(aux["target"], want, rtol=1e-5, atol=1e-5)
     q = numpy_q(online, batch.obs)[np.arange(len(batch.action)), batch.action]
@@ -86,7 +94,7 @@ def test_double_dqn_changes_the_target(dqn, q_setup):
     for double in (False, True):
         td_loss = dqn.make_td_loss(dqn.dataclasses.replace(config, double_dqn=double), network)
         got[double] = np.asarray(
-            jax.jit(td_loss)(online, target, jax.tree.map(jnp.asarray, batch), jnp.float32(0.99))[1]["target"]
+            jax.jit(td_loss)(online, target, jax.tree.map(jnp.asarray, batch), hparams(dqn, config), KEY)[1]["target"]
         )
     assert not np.allclose(got[False], got[True])
     assert (got[True] <= got[False] + 1e-5).all()  # max over actions is the largest choice
@@ -96,9 +104,10 @@ def test_gradient_flows_only_through_the_online_q(dqn, q_setup):
     """The target is a constant: d loss / d target_params == 0."""
     config, network, online, target, batch = q_setup
     td_loss = dqn.make_td_loss(config, network)
-    grads = jax.grad(lambda t: td_loss(online, t, jax.tree.map(jnp.asarray, batch), jnp.float32(0.99))[0])(target)
+    args = (jax.tree.map(jnp.asarray, batch), hparams(dqn, config), KEY)
+    grads = jax.grad(lambda t: td_loss(online, t, *args)[0])(target)
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads))
-    grads = jax.grad(lambda p: td_loss(p, target, jax.tree.map(jnp.asarray, batch), jnp.float32(0.99))[0])(online)
+    grads = jax.grad(lambda p: td_loss(p, target, *args)[0])(online)
     assert any(float(jnp.abs(g).max()) > 0.0 for g in jax.tree.leaves(grads))
 
 
@@ -116,3 +125,7 @@ def test_polyak_update_is_count_updates_in_closed_form(dqn, tau, count):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     if tau == 1.0 and count > 0:
         np.testing.assert_array_equal(got, online)
+    # On a tree of parameters, as train calls it: leaf by leaf.
+    tree = jax.jit(dqn.polyak_update)({"a": online, "b": online[:3]}, {"a": target, "b": target[:3]}, tau, count)
+    np.testing.assert_array_equal(tree["a"], got)
+    np.testing.assert_array_equal(tree["b"], got[:3])

@@ -1,6 +1,8 @@
 """dqn.py's replay buffer against plain Python/NumPy references: wrap-around, uniform sampling of
 filled slots only, independence across vmapped seeds."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,11 +41,12 @@ def fill(dqn, capacity, batches, n):
 
 @pytest.fixture(scope="module")
 def sample_many(dqn):
-    """buffer_sample over many independent draws of random bits."""
+    """buffer_sample with many independent keys."""
 
     def sample(buffer, batch, draws, seed=0):
-        bits = jax.random.bits(jax.random.PRNGKey(seed), (draws, batch + 1), jnp.uint32)
-        return jax.device_get(jax.jit(jax.vmap(dqn.buffer_sample, (None, 0)))(buffer, bits))
+        keys = jax.random.split(jax.random.PRNGKey(seed), draws)
+        draw = functools.partial(dqn.buffer_sample, batch_size=batch)
+        return jax.device_get(jax.jit(jax.vmap(draw, (None, 0)))(buffer, keys))
 
     return sample
 
@@ -121,23 +124,23 @@ def test_seeds_have_independent_buffers_under_vmap(dqn):
     """Two runs' buffers, vmapped: each is written and sampled as if it were alone."""
     capacity, n, batch = 20, 3, 6
     add = jax.jit(jax.vmap(dqn.buffer_add))
-    sample = jax.jit(jax.vmap(dqn.buffer_sample))
+    sample = jax.jit(jax.vmap(functools.partial(dqn.buffer_sample, batch_size=batch)))
     buffers = jax.vmap(lambda _: dqn.buffer_init(capacity, OBS_DIM))(jnp.arange(2))
     for b in range(9):  # wraps around
         data = [transitions(b * n, n, dqn), transitions(5000 + b * n, n, dqn)]
         buffers = add(buffers, jax.tree.map(lambda *x: jnp.stack(x), *data))
-    bits = jax.random.bits(jax.random.PRNGKey(3), (2, batch + 1), jnp.uint32)
-    batches = jax.device_get(sample(buffers, bits))
+    keys = jax.random.split(jax.random.PRNGKey(3), 2)
+    batches = jax.device_get(sample(buffers, keys))
     assert (batches.obs[0] < 5000).all() and (batches.obs[1] >= 5000).all()
 
     alone = fill(dqn, capacity, 9, n)  # seed 0's data, on its own
-    want = jax.device_get(jax.jit(dqn.buffer_sample)(alone, bits[0]))
+    want = jax.device_get(jax.jit(dqn.buffer_sample, static_argnums=2)(alone, keys[0], batch))
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(lambda x: x[0], batches), want)
-    # Seed 1 given seed 0's bits draws the same slots, from its own data.
-    other = jax.device_get(sample(buffers, bits[::-1]))
+    # Seed 1 given seed 0's key draws the same slots, from its own data.
+    other = jax.device_get(sample(buffers, keys[::-1]))
     np.testing.assert_array_equal(other.obs[1, :, 0] - 5000, want.obs[:, 0])
     # Changing seed 1's data leaves seed 0's samples alone.
     changed = buffers._replace(data=buffers.data._replace(obs=buffers.data.obs.at[1].set(-1.0)))
-    again = jax.device_get(sample(changed, bits))
+    again = jax.device_get(sample(changed, keys))
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(lambda x: x[0], again), want)
     assert (again.obs[1] == -1).all()
