@@ -269,7 +269,7 @@ def quantile_huber_loss(quantiles: jax.Array, targets: jax.Array, kappa: jax.Arr
     huber_kappa(u) = u^2 / 2 for |u| <= kappa, else kappa * (|u| - kappa / 2)."""
     tau = quantile_midpoints(quantiles.shape[-1])[:, None]
     u = targets[:, None, :] - quantiles[:, :, None]  # [B, i, j]
-    weighted = jnp.abs(tau - (u < 0)) * optax.huber_loss(u, delta=kappa) / kappa
+    weighted = jnp.where(u < 0, 1.0 - tau, tau) * optax.huber_loss(u, delta=kappa) / kappa  # |tau - 1{u < 0}|
     return weighted.mean(-1).sum(-1).mean()
 
 
