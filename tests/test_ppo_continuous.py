@@ -200,7 +200,7 @@ def test_restored_params_evaluate_to_the_saved_eval_return(cli_run):
     "argv, option, words",
     [
         (["--env-name", "CartPole-v1"], "--env-name", "discrete actions"),
-        (["--log-std-init", "nan"], "--log-std-init", "finite"),
+        (["--log-std-init", "nan"], "--log-std-init", "-inf < log_std_init < inf"),  # NaN fails the rule
     ],
 )
 def test_bad_input_exits_2_with_one_line(capsys, argv, option, words):

@@ -265,7 +265,8 @@ def test_first_gradient_step_sees_ratio_one(short):
 # Environments
 # --------------------------------------------------------------------------------------
 def test_no_velocity_wrapper_is_cartpole_with_positions_only(rnn):
-    env, params = rnn.make_env(ENV)
+    vec_env = rnn.VecEnv(ENV, 1)
+    env, params = vec_env.env, vec_env.params
     full, full_params = gymnax.make("CartPole-v1")
     assert params == full_params
     space, full_space = env.observation_space(params), full.observation_space(full_params)
@@ -302,15 +303,16 @@ def test_no_velocity_wrapper_is_cartpole_with_positions_only(rnn):
     assert terminated.any() and truncated.any()
 
 
-def test_make_env_names_and_refusals(rnn):
+def test_vec_env_names_and_refusals(rnn):
     assert ENV in gymnax.registered_envs and rnn.VecEnv(ENV, 3).obs_dim == 2  # registered by validate
     with pytest.raises(rnn.ConfigError, match="--env-name") as error:
-        rnn.make_env("Nope-v0")
-    assert ENV in str(error.value) and "MemoryChain-bsuite" in str(error.value)
+        rnn.VecEnv("Nope-v0", 3)
+    # The refusal names the bad name and the list to choose from, which holds the partial envs.
+    assert "Nope-v0" in str(error.value) and "gymnax.registered_envs" in str(error.value)
     with pytest.raises(rnn.ConfigError, match="continuous"):
-        rnn.make_env("Pendulum-v1")
-    env, params = rnn.make_env("MemoryChain-bsuite")
-    assert env.action_space(params).n == 2
+        rnn.VecEnv("Pendulum-v1", 3)
+    env = rnn.VecEnv("MemoryChain-bsuite", 3)
+    assert env.env.action_space(env.params).n == env.num_actions == 2
 
 
 @pytest.mark.slow

@@ -291,7 +291,11 @@ def test_a_missing_suite_exits_2_with_the_pip_line(monkeypatch, capsys, tmp_path
 @pytest.mark.parametrize(
     ("name", "env_name", "message"),
     [
-        ("sac", "xminigrid/MiniGrid-Empty-5x5", "MiniGrid-Empty-5x5 has discrete actions; sac.py takes continuous"),
+        (
+            "sac",
+            "xminigrid/MiniGrid-Empty-5x5",
+            "MiniGrid-Empty-5x5 has discrete actions; this file takes continuous actions",
+        ),
         ("ppo", "gym/CartPole-v1", "unknown suite 'gym'"),
         ("ppo", "xminigrid/XLand-MiniGrid-R1-9x9", "XLand-* tasks need a ruleset"),
     ],

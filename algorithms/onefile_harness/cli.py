@@ -187,12 +187,12 @@ def build_parser(algo: Algorithm, doc: str, defaults: bool = True) -> Parser:
         allow_abbrev=False,
     )
     for field in dataclasses.fields(algo.Config):
-        field_type, doc = typing.get_args(field.type)  # Annotated[type, doc]
+        field_type, doc, *rules = typing.get_args(field.type)  # Annotated[type, doc, rule, ...]
         if field_type is bool:
             kind = dict(action=BOOLEAN)
         else:
             kind = dict(type=integer if field_type is int else field_type, metavar=field_type.__name__.upper())
-        kind["help"] = doc
+        kind["help"] = "; ".join([doc, *rules])
         parser.add_argument("--" + flag(field.name), default=default(field.default), **kind)
     groups = {}
     for section, name, value, settings in OPTIONS:

@@ -5,7 +5,8 @@ the names below, and refuses a file whose HARNESS_PROTOCOL is not this module's 
 
     HARNESS_PROTOCOL     an int: the version of this interface the file was written against
     Config               a frozen dataclass; every field is a command-line flag, annotated
-                         Annotated[type, "its help"]. Fields env_name, total_timesteps, num_envs,
+                         Annotated[type, "its help", *rules], each rule a Python expression in the
+                         field's name that its value must satisfy. Fields env_name, total_timesteps, num_envs,
                          num_seeds, seed and eval_episodes; properties steps_per_update (env steps of
                          one update, all envs together) and num_updates
     HParams              a NamedTuple of the float hyperparameters a run reads at run time, so runs
@@ -13,7 +14,7 @@ the names below, and refuses a file whose HARNESS_PROTOCOL is not this module's 
     ConfigError          what validate, validate_hparams and make_train raise for input that cannot
                          work, with a message that names the option
     validate(config)     checks a Config's values without building anything
-    validate_hparams(v)  checks a {field: value} dict of every HParams field (one sweep point)
+    validate_hparams(v)  checks a {field: value} dict against the fields' rules (one sweep point)
     VecEnv(env_name, n)  the file's vectorised env: reset(key) -> (obs, state) and
                          step(key, state, action) -> EnvStep(obs, state, reward, terminated,
                          truncated, final_obs), with num_envs, max_episode_steps, obs_dim, flat(obs),
