@@ -483,23 +483,23 @@ def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
         policy: Any  # the policy's own carry
         total: jax.Array  # [episodes] return so far: each env's first episode is scored, and only it
         alive: jax.Array  # [episodes] bool: that episode has not ended yet
+        rng: jax.Array
         t: jax.Array  # env steps taken
 
     def evaluate(params, rng: jax.Array) -> jax.Array:
-        reset_key, step_key = jax.random.split(rng)
-
         def env_step(carry: Evaluating) -> Evaluating:
-            act_key, env_key = jax.random.split(jax.random.fold_in(step_key, carry.t))
+            rng, act_key, env_key = jax.random.split(carry.rng, 3)
             first = jnp.full(env.num_envs, carry.t == 0)  # the observations begin episodes
             policy_carry, action = policy.act(params, carry.policy, carry.obs, first, act_key)
             step = env.step(env_key, carry.env_state, action)
             total = carry.total + jnp.where(carry.alive, step.reward, 0.0)
             alive = carry.alive & ~(step.terminated | step.truncated)
-            return Evaluating(step.state, step.obs, policy_carry, total=total, alive=alive, t=carry.t + 1)
+            return Evaluating(step.state, step.obs, policy_carry, total=total, alive=alive, rng=rng, t=carry.t + 1)
 
+        reset_key, rng = jax.random.split(rng)
         obs, env_state = env.reset(reset_key)
         alive, total = jnp.ones(env.num_envs, bool), jnp.zeros(env.num_envs)
-        first = Evaluating(env_state, obs, policy.init(env.num_envs), total=total, alive=alive, t=0)
+        first = Evaluating(env_state, obs, policy.init(env.num_envs), total=total, alive=alive, rng=rng, t=0)
         running = lambda carry: carry.alive.any() & (carry.t < env.max_episode_steps)  # noqa: E731
         return jax.lax.while_loop(running, env_step, first).total.mean()
 
