@@ -21,7 +21,7 @@ from test_resume import interrupt_at_chunk
 
 from conftest import ROOT, load_algorithm, run_main
 from conftest import run_dir_of as results_dir
-from onefile_harness import pbt
+from onefile_harness import pbt, stats
 
 # A population run of every file, and resuming one, compile programs of their own: ppo.py's run in
 # the fast loop, the others with the slow tests (conftest reads this).
@@ -243,6 +243,48 @@ def test_every_file_trains_a_population(name, population_run):
     assert best["hparams"]["lr"] == pytest.approx(values["lr"][best["index"], -1], rel=1e-6)
     assert (population_run / "pbt.png").stat().st_size > 0
     assert summary["pbt"]["copies"] > 0, summary["pbt"]  # else this test checks little
+    # Lineage: each member's weights descend from the start its copies lead back to.
+    for member in summary["pbt"]["members"]:
+        want = reference_ancestor(copied, member["index"], updates)
+        assert member["descends_from"]["member"] == want, (member, copied)
+        assert member["descends_from"]["seed_index"] == want % 2  # members: [2 points x 2 seeds]
+        assert member["hparams"]["lr"] == pytest.approx(values["lr"][member["index"], -1], rel=1e-6)
+    # The fittest member by the stated rule: the highest final return, then greedy evaluation, then index.
+    finals = np.nan_to_num(stats.final_returns(metrics).reshape(-1), nan=-np.inf)
+    evals = np.nan_to_num(metrics["eval_return"].reshape(-1), nan=-np.inf)
+    order = sorted(range(4), key=lambda m: (-finals[m], -evals[m], m))
+    assert best["index"] == order[0] and best["tied_with"] == sorted(
+        m for m in order[1:] if finals[m] == finals[order[0]]
+    )
+    assert best["descends_from"] == summary["pbt"]["members"][best["index"]]["descends_from"]
+
+
+def reference_ancestor(copied: np.ndarray, member: int, before: int) -> int:
+    """The start member whose weights `member` holds after update `before`: back through its last copy
+    before then, to the source as it was at that copy (whose own copy at that update came after)."""
+    copies = [u for u in range(before) if copied[member, u] >= 0]
+    return member if not copies else reference_ancestor(copied, int(copied[member, copies[-1]]), copies[-1])
+
+
+def test_lineage_follows_the_copies_in_order():
+    """Copies of one exploit step read the population before it: at update 2 member 1 copies member 0,
+    which copies member 3 at the same step, so member 1 holds member 0's own weights."""
+    copied = np.full((4, 6), -1)
+    copied[0, 1], copied[1, 1] = 3, 0
+    copied[2, 3] = 0  # member 0 holds member 3's weights by now
+    copied[3, 5] = 1
+    ancestor, during, copies = pbt.lineage(copied)
+    assert ancestor.tolist() == [3, 0, 3, 0] == [reference_ancestor(copied, m, 6) for m in range(4)]
+    assert copies == [(2, 0, 3), (2, 1, 0), (4, 2, 0), (6, 3, 1)]
+    want = [[reference_ancestor(copied, m, u) for u in range(6)] for m in range(4)]  # during update u
+    assert during.tolist() == want
+
+
+def test_the_fittest_member_is_chosen_by_its_rule_and_its_ties_named():
+    finals = np.array([500.0, 480.0, 500.0, np.nan, 500.0])
+    assert pbt.fittest(finals, np.array([490.0, 500.0, 500.0, 500.0, 500.0])) == (2, [0, 4])
+    assert pbt.fittest(finals, None) == (0, [2, 4])  # no evaluation: the lowest index
+    assert pbt.fittest(np.array([np.nan, 1.0]), None) == (1, [])
 
 
 def test_with_nothing_replaced_pbt_equals_the_plain_run(tmp_path, capsys):

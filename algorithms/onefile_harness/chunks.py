@@ -159,7 +159,8 @@ def progress_reporter(config, plan: RunPlan, log: TrainingLog, say: Callable, tr
         steps = done * config.steps_per_update
         say(
             f"[{100 * done / config.num_updates:5.1f}%] update {done}/{config.num_updates}  env steps {steps:,}  "
-            f"return {nanmean(metrics['episode_return']):8.2f}  {steps * plan.num_runs / seconds:,.0f} steps/s"
+            f"mean return of {plan.num_runs} runs {nanmean(metrics['episode_return']):8.2f}  "
+            f"{steps * plan.num_runs / seconds:,.0f} steps/s"
         )
 
     return report

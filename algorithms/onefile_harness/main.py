@@ -213,14 +213,25 @@ def report(summary: dict, num_seeds: int, say: Callable) -> None:
 
 
 def report_population(population: dict, say: Callable, show: Callable) -> None:
-    best = population["best_member"]
+    """The population at the end: the fittest member (by the stated rule, with its ties), the start its
+    weights descend from, and which starts' weights the population carries."""
+    best, origin = population["best_member"], population["best_member"]["descends_from"]
+    tied = f"; tied at that return with member(s) {', '.join(map(str, best['tied_with']))}" if best["tied_with"] else ""
+    started = f"{point_label(origin['sweep_point']) or 'the config'}, seed {origin['seed_index']}"
     say(
         f"population-based training: {population['copies']} copies in {population['exploit_steps']} exploit steps; "
-        f"fittest member {best['index']} (started at {point_label(best['sweep_point']) or 'the config'}, seed "
-        f"{best['seed_index']}): return {show(best['final_return'])}, greedy eval {show(best['eval_return'])}, ending "
-        "at "
+        f"fittest member {best['index']} ({population['fittest_rule']}{tied}): return {show(best['final_return'])}, "
+        f"greedy eval {show(best['eval_return'])}, its weights from member {origin['member']} (started at {started}), "
+        "ending at "
         + ", ".join(f"{name}={best['hparams'][name]:g}" for name in population["fields"])
         + f"; median member: return {show(population['median_final_return'])}"
+    )
+    lines: dict = {}
+    for member in population["members"]:
+        lines.setdefault(member["descends_from"]["member"], []).append(member["index"])
+    say(
+        "weights at the end, by the start member they descend from: "
+        + "; ".join(f"member {start}'s in {', '.join(map(str, ms))}" for start, ms in sorted(lines.items()))
     )
 
 

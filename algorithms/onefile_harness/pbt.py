@@ -251,42 +251,96 @@ def with_exploit(run, settings: Settings, num_updates: int, algo: Algorithm, con
 # --------------------------------------------------------------------------------------
 # What the run directory shows of it
 # --------------------------------------------------------------------------------------
+FITTEST_RULE = (
+    "the highest final return; among members tied at it, the highest greedy evaluation, then the lowest index"
+)
+
+
+def lineage(copied_from: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+    """Follows `copied_from` ([members, updates]: the member each copied at the end of an update, -1 where
+    none) in order: per member, the start member its weights descend from at the end, the same during every
+    update ([members, updates]), and every copy as (update counted from 1, member, source). The copies of
+    one exploit step all read the population before it."""
+    ancestor, during, copies = np.arange(copied_from.shape[0]), np.zeros(copied_from.shape, int), []
+    for update in range(copied_from.shape[1]):
+        during[:, update] = ancestor
+        members = np.flatnonzero(copied_from[:, update] >= 0)
+        sources = copied_from[members, update]
+        copies += [(update + 1, int(m), int(source)) for m, source in zip(members, sources, strict=True)]
+        ancestor = ancestor.copy()
+        ancestor[members] = ancestor[sources]  # the right side is read before any member is written
+    return ancestor, during, copies
+
+
+def fittest(finals: np.ndarray, evals) -> tuple[int, list]:
+    """The fittest member by FITTEST_RULE, and the other members tied with it at the highest final return."""
+    finals = np.where(np.isnan(finals), -np.inf, finals)
+    tied = np.flatnonzero(finals == finals.max())
+    greedy = np.zeros(len(finals)) if evals is None else np.where(np.isnan(evals), -np.inf, evals)
+    best = int(tied[np.argmax(greedy[tied])])  # argmax: the first, so the lowest index among equal ones
+    return best, [int(member) for member in tied if member != best]
+
+
 def summarise(settings: Settings, metrics: dict, eval_returns, points: list, num_seeds: int) -> dict:
-    """summary.json's "pbt": the settings, how many copies were made, and the fittest member at the
-    end (by final return) with its hyperparameters then; the median member's figures beside it."""
+    """summary.json's "pbt": the settings, the copies made, every member at the end (the start its weights
+    descend from, its final return and hyperparameters), and the fittest member by FITTEST_RULE, with the
+    members tied with it; the median member's figures beside it."""
     from .stats import final_returns, nanmean, number
 
     finals = final_returns(metrics).reshape(-1)
     evals = None if eval_returns is None else np.asarray(eval_returns).reshape(-1)
-    best = int(np.argmax(np.where(np.isnan(finals), -np.inf, finals)))
-    last = {
-        name[len("pbt_") :]: float(f"{value.reshape(len(finals), -1)[best, -1]:.7g}")  # float32's digits
-        for name, value in metrics.items()
-        if name.startswith("pbt_") and name != "pbt_copied_from"
-    }
+    ancestor, _, copies = lineage(metrics["pbt_copied_from"].reshape(len(finals), -1))
+    best, tied = fittest(finals, evals)
+
+    def start(member) -> dict:  # a member as it started: its sweep point and seed
+        return {
+            "member": int(member),
+            "sweep_point": points[member // num_seeds],
+            "seed_index": int(member % num_seeds),
+        }
+
+    last = [
+        {
+            name[len("pbt_") :]: float(f"{value.reshape(len(finals), -1)[member, -1]:.7g}")  # float32's digits
+            for name, value in metrics.items()
+            if name.startswith("pbt_") and name != "pbt_copied_from"
+        }
+        for member in range(len(finals))
+    ]
     updates = metrics["episode_return"].shape[-1]
     median = lambda x: number(np.nanmedian(x)) if np.isfinite(x).any() else None  # noqa: E731
+    members = [
+        {"index": m, "final_return": number(finals[m]), "descends_from": start(ancestor[m]), "hparams": last[m]}
+        for m in range(len(finals))
+    ]
     return {
         **settings.as_json(),
         "exploit_steps": (updates - 1) // settings.interval,
-        "copies": int((metrics["pbt_copied_from"] >= 0).sum()),
+        "copies": len(copies),
+        "fittest_rule": FITTEST_RULE,
         "best_member": {
             "index": best,
             "sweep_point": points[best // num_seeds],
             "seed_index": best % num_seeds,
             "final_return": number(finals[best]),
             "eval_return": None if evals is None else number(evals[best]),
-            "hparams": last,
+            "tied_with": tied,
+            "descends_from": start(ancestor[best]),
+            "hparams": last[best],
         },
+        "members": members,
         "median_final_return": median(finals),
         "median_eval_return": None if evals is None else median(evals),
         "mean_final_return": number(nanmean(finals)),
     }
 
 
-def trajectories_png(algorithm: str, metrics: dict, settings: Settings) -> bytes:
-    """pbt.png: every member's value of each perturbed field over training, the member fittest at
-    the end drawn bold, and each member's return (as learning_curve.png draws it) below."""
+def trajectories_png(
+    algorithm: str, metrics: dict, settings: Settings, env_name="", evals=None, annealed=False
+) -> bytes:
+    """pbt.png: every member's value of each perturbed field over training and its return (as
+    learning_curve.png draws it), coloured at each update by the start member its weights then descend
+    from, each copy marked where it happened (x: the member that copied, on its new line), the fittest bold."""
     import io
 
     import matplotlib
@@ -298,21 +352,38 @@ def trajectories_png(algorithm: str, metrics: dict, settings: Settings) -> bytes
 
     steps = metrics["env_steps"][0, 0]
     finals = final_returns(metrics).reshape(-1)
-    best = int(np.argmax(np.where(np.isnan(finals), -np.inf, finals)))
+    _, during, copies = lineage(metrics["pbt_copied_from"].reshape(len(finals), -1))
+    best, tied = fittest(finals, None if evals is None else np.asarray(evals).reshape(-1))
+    colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(np.unique(during).tolist())}
     rows = [(field, metrics[f"pbt_{field}"]) for field in settings.fields] + [("return", window_returns(metrics))]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(7, 2.6 * len(rows)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(7.5, 2.6 * len(rows) + 0.6), sharex=True, squeeze=False)
     for ax, (label, values) in zip(axes[:, 0], rows, strict=True):
         values = values.reshape(len(finals), -1)
         for member, line in enumerate(values):
-            ax.plot(steps, line, lw=2.2 if member == best else 0.8, alpha=1.0 if member == best else 0.5)
+            style = dict(lw=2.4, alpha=1.0, zorder=3) if member == best else dict(lw=0.9, alpha=0.6)
+            changes = [0, *np.flatnonzero(np.diff(during[member])) + 1, len(line)]
+            for start, end in zip(changes[:-1], changes[1:], strict=False):  # one colour per ancestor
+                span = slice(max(start - 1, 0), end)  # joined to the previous segment
+                ax.plot(steps[span], line[span], color=colours[during[member, start]], **style)
+        for update, member, _ in copies:  # the value a member continues from, just after it copied
+            if update < values.shape[1]:
+                ax.plot(steps[update], values[member, update], "x", color="black", ms=4, alpha=0.7, zorder=4)
         if label != "return" and np.all(values > 0):
             ax.set_yscale("log")
-        ax.set_ylabel(label)
+        schedule = " (start of its decay)" if annealed and is_learning_rate(label) else ""
+        ax.set_ylabel(f"{label} in force{schedule}" if label != "return" else "episode return")
         ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color=c, lw=2) for c in colours.values()]
+    names = [f"weights from start member {a}" for a in colours]
+    handles.append(plt.Line2D([], [], color="black", marker="x", lw=0))
+    names.append(f"a copy ({len(copies)} in all)")
+    axes[0, 0].legend(handles, names, loc="best", fontsize="x-small")
     axes[-1, 0].set_xlabel("environment steps (per member)")
+    where = f" on {env_name}" if env_name else ""
+    ties = f", tied at its final return with {len(tied)} more" if tied else ""
     axes[0, 0].set_title(
-        f"{algorithm}: population-based training of {len(finals)} members, exploit every {settings.interval} "
-        f"updates\nbold: member {best}, the fittest at the end",
+        f"{algorithm}{where}: population-based training of {len(finals)} members, exploit every "
+        f"{settings.interval} updates\nbold: member {best}, the fittest at the end{ties}",
         fontsize="medium",
     )
     fig.tight_layout()

@@ -78,9 +78,15 @@ def write_results(job, plan: RunPlan, metrics: dict, eval_returns, params, summa
     if params is not None:
         write_file(os.path.join(job.run_dir, "params.msgpack"), serialization.to_bytes(params))
     write_json(os.path.join(job.run_dir, "summary.json"), summary)
-    plots = {"learning_curve.png": lambda: learning_curves_png(job.algo.name, metrics, plan.points, plan.num_seeds)}
+    plots = {
+        "learning_curve.png": lambda: learning_curves_png(
+            job.algo.name, metrics, plan.points, plan.num_seeds, job.config.env_name
+        )
+    }
     if job.pbt is not None:
-        plots["pbt.png"] = lambda: pbt.trajectories_png(job.algo.name, metrics, job.pbt)
+        plots["pbt.png"] = lambda: pbt.trajectories_png(
+            job.algo.name, metrics, job.pbt, job.config.env_name, eval_returns, getattr(job.config, "anneal_lr", False)
+        )
     for name, draw in plots.items():
         try:
             write_file(os.path.join(job.run_dir, name), draw())
