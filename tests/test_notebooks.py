@@ -11,9 +11,10 @@ notebooks/*.ipynb. What a notebook has to follow for them:
 - at least one plot (an image/png output); a cell tagged `rendered-episode` must show an animation
   (walkthrough.ipynb has to have one).
 
-Each notebook is executed by nbclient in a kernel of the interpreter running pytest, with its working
-directory in notebooks/ (so the notebook's search for the repository root is exercised) and
-NOTEBOOK_SMOKE_TEST=1. A failure reports the failing cell's source and its error.
+Each notebook is executed by nbclient in a kernel of the interpreter running pytest, with
+NOTEBOOK_SMOKE_TEST=1, twice: with its working directory in notebooks/ (so the notebook's search for
+the repository root is exercised), and in an empty folder outside the checkout with REPO_URL set to
+the repository's path (so its clone is). A failure reports the failing cell's source and its error.
 """
 
 import base64
@@ -136,10 +137,16 @@ def assert_animation(cell, where: str) -> None:
 
 @pytest.mark.slow
 @notebook_params
+@pytest.mark.parametrize("where", ["checkout", "outside"])
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT)
-def test_notebook_runs_in_smoke_test_mode(path, kernel_env, monkeypatch):
+def test_notebook_runs_in_smoke_test_mode(path, where, kernel_env, monkeypatch, tmp_path):
+    """`checkout`: the kernel's working directory is notebooks/, as in Jupyter opened in a clone.
+    `outside`: an empty folder elsewhere, as in Colab, with the environment's REPO_URL set to this
+    repository's path: the notebook clones it (its committed HEAD) and imports the files from there."""
     for name, value in kernel_env.items():
         monkeypatch.setenv(name, value)
+    if where == "outside":
+        monkeypatch.setenv("REPO_URL", str(ROOT))
     monkeypatch.setenv(SMOKE_VAR, "1")
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # should the install cell try pip after all: no network
     monkeypatch.delenv("MPLBACKEND", raising=False)  # Agg here would hide the kernel's inline plots
@@ -151,7 +158,7 @@ def test_notebook_runs_in_smoke_test_mode(path, kernel_env, monkeypatch):
         kernel_name="python3",
         allow_errors=False,
         record_timing=True,
-        resources={"metadata": {"path": str(NOTEBOOKS_DIR)}},
+        resources={"metadata": {"path": str(NOTEBOOKS_DIR if where == "checkout" else tmp_path)}},
     )
     start, failure = time.perf_counter(), None
     try:
@@ -161,7 +168,9 @@ def test_notebook_runs_in_smoke_test_mode(path, kernel_env, monkeypatch):
     if failure:  # failed outside the except block: no chained nbclient traceback in the report
         pytest.fail(failure, pytrace=False)
     seconds = time.perf_counter() - start
-    print(f"{path.name}: executed in {seconds:.1f} s")
+    print(f"{path.name}: executed in {seconds:.1f} s ({where})")
+    if where == "outside":  # it ran from its own clone, not from this checkout
+        assert (tmp_path / ROOT.name / "algorithms" / "ppo.py").is_file(), sorted(tmp_path.iterdir())
 
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert "nothing to install" in stdout(code[0]), (
