@@ -3,7 +3,8 @@
 Adding a notebook means dropping the .ipynb into notebooks/: the tests below are parametrized over
 notebooks/*.ipynb. What a notebook has to follow for them:
 
-- stored without outputs;
+- stored with the outputs of a run at the full budget (`python tests/test_notebooks.py [NOTEBOOK ...]`
+  executes them in place, in notebooks/);
 - exactly one code cell tagged `budget` (cell metadata "tags"), the only one that reads
   NOTEBOOK_SMOKE_TEST and shrinks the budget when it is set;
 - the first code cell installs what is missing and prints "nothing to install" when nothing is
@@ -56,19 +57,22 @@ def test_there_are_notebooks():
 
 
 @notebook_params
-def test_stored_without_outputs_and_one_budget_cell(path):
+def test_stored_with_the_outputs_of_a_full_run_and_one_budget_cell(path):
+    """Committed with the outputs of a run at the full budget (`python tests/test_notebooks.py` writes
+    them), so the notebook reads on a repository page: every code cell ran, in order, without an error,
+    and there is a plot. The smoke test below re-executes it on every test run."""
     nb = read(path)
     nbformat.validate(nb)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    dirty = [
-        i
-        for i, cell in enumerate(nb.cells)
-        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)
-    ]
-    assert not dirty, f"{path.name}: cells {dirty} have outputs or execution counts; clear them before committing"
+    counts = [cell.execution_count for cell in code]
+    assert counts == list(range(1, len(code) + 1)), f"{path.name}: run it top to bottom, once: {counts}"
+    errors = [i for i, cell in enumerate(code) if any(o.output_type == "error" for o in cell.outputs)]
+    assert not errors, f"{path.name}: code cells {errors} stored an error"
+    assert any("image/png" in mimetypes(cell) for cell in code), f"{path.name}: no plot stored"
 
     budget = [cell for cell in code if "budget" in tags(cell)]
     assert len(budget) == 1, f"{path.name}: expected exactly one code cell tagged 'budget', found {len(budget)}"
+    assert stdout(budget[0]).startswith("full budget"), f"{path.name}: stored from a smoke-test run"
     readers = [cell for cell in code if SMOKE_VAR in cell.source]
     assert readers == budget, f"{path.name}: only the budget cell may read {SMOKE_VAR}"
 
@@ -183,3 +187,18 @@ def test_notebook_runs_in_smoke_test_mode(path, where, kernel_env, monkeypatch, 
         assert episodes, f"{path.name}: no cell tagged 'rendered-episode'"
     for index, cell in episodes:
         assert_animation(cell, f"{path.name} cell {index}")
+
+
+if __name__ == "__main__":  # python tests/test_notebooks.py [NOTEBOOK ...]: run at the full budget, outputs saved
+    for path in [pathlib.Path(p).resolve() for p in sys.argv[1:]] or NOTEBOOKS:
+        nb = read(path)
+        start = time.perf_counter()
+        NotebookClient(
+            nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}
+        ).execute()
+        for cell in nb.cells:  # the kernel's own warnings are not the notebook's output
+            if cell.cell_type == "code":
+                cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and "IPKernelApp" in o.text)]
+            cell.get("metadata", {}).pop("execution", None)
+        nbformat.write(nb, path)
+        print(f"{path.name}: executed at the full budget in {time.perf_counter() - start:.0f} s, outputs saved")
