@@ -335,9 +335,7 @@ def summarise(settings: Settings, metrics: dict, eval_returns, points: list, num
     }
 
 
-def trajectories_png(
-    algorithm: str, metrics: dict, settings: Settings, env_name="", evals=None, annealed=False
-) -> bytes:
+def trajectories_png(algorithm: str, metrics: dict, settings: Settings, env_name: str, evals, annealed: bool) -> bytes:
     """pbt.png: every member's value of each perturbed field over training and its return (as
     learning_curve.png draws it), coloured at each update by the start member its weights then descend
     from, each copy marked where it happened (x: the member that copied, on its new line), the fittest bold."""
@@ -379,10 +377,9 @@ def trajectories_png(
     names.append(f"a copy ({len(copies)} in all)")
     axes[0, 0].legend(handles, names, loc="best", fontsize="x-small")
     axes[-1, 0].set_xlabel("environment steps (per member)")
-    where = f" on {env_name}" if env_name else ""
     ties = f", tied at its final return with {len(tied)} more" if tied else ""
     axes[0, 0].set_title(
-        f"{algorithm}{where}: population-based training of {len(finals)} members, exploit every "
+        f"{algorithm} on {env_name}: population-based training of {len(finals)} members, exploit every "
         f"{settings.interval} updates\nbold: member {best}, the fittest at the end{ties}",
         fontsize="medium",
     )

@@ -72,7 +72,7 @@ def point_label(point: dict) -> str:
     return ", ".join(f"{name}={value:g}" for name, value in point.items())
 
 
-def learning_curves_png(algorithm: str, metrics: dict, points: list, num_seeds: int, env_name: str = "") -> bytes:
+def learning_curves_png(algorithm: str, metrics: dict, points: list, num_seeds: int, env_name: str) -> bytes:
     """The run directory's learning_curve.png: per sweep point, the mean over seeds of each seed's
     `window_returns`, with a band from the lowest to the highest seed."""
     import matplotlib
@@ -91,8 +91,7 @@ def learning_curves_png(algorithm: str, metrics: dict, points: list, num_seeds: 
     ax.set_xlabel("environment steps (per run)")
     # Two short lines, so the label fits the figure's height.
     ax.set_ylabel(f"episode return\n(per seed: episodes ending in the last {FINAL_FRACTION:.0%} of updates)")
-    where = f" on {env_name}" if env_name else ""
-    ax.set_title(f"{algorithm}{where}: mean over {num_seeds} seeds, band min to max")
+    ax.set_title(f"{algorithm} on {env_name}: mean over {num_seeds} seeds, band min to max")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
