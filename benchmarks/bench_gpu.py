@@ -105,47 +105,45 @@ def main() -> None:
     parser.add_argument("--seed-counts", default="1,8,2048")
     parser.add_argument("--files", default=",".join(FILES), help="the files whose default run is timed")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds; later parts are skipped past it")
     args = parser.parse_args()
+    deadline = time.perf_counter() + args.budget
+    left = lambda: int(min(300, max(30, deadline + 60 - time.perf_counter())))  # noqa: E731
     import jax
 
     device = jax.devices()[0].device_kind
     print(f"backend {jax.default_backend()}, device {device}", flush=True)
-    pairs, records = [], []
+    slug = device.replace(" ", "_").replace("/", "_")
+    os.makedirs(args.out, exist_ok=True)
+    pairs, defaults, records = [], [], []
+
+    def record(entry: dict) -> None:
+        """Keeps each result as it comes, so a run cut short still leaves its table."""
+        records.append(entry)
+        print(json.dumps(entry), flush=True)
+        with open(os.path.join(args.out, f"gpu_{slug}.jsonl"), "w") as file:
+            file.writelines(json.dumps({"device": device, **r}) + "\n" for r in records)
+        with open(os.path.join(args.out, f"gpu_{slug}.md"), "w") as file:
+            file.write(table(device, pairs, defaults))
+
     for seeds in [int(s) for s in args.seed_counts.split(",")]:
-        ours = result_line(
-            [
-                sys.executable,
-                "benchmarks/bench_speed.py",
-                "ppo",
-                "--worker",
-                "--seeds",
-                str(seeds),
-                "--preset",
-                "purejaxrl",
-            ],
-            timeout=300,
-        )
+        if time.perf_counter() > deadline:
+            break
+        worker = ["benchmarks/bench_speed.py", "ppo", "--worker", "--seeds", str(seeds), "--preset", "purejaxrl"]
+        ours = result_line([sys.executable, *worker], timeout=left())
         peer = None
         if args.purejaxrl:
             driver = [sys.executable, "benchmarks/peers/purejaxrl_driver.py", "ppo", "--purejaxrl", args.purejaxrl]
-            peer = result_line([*driver, "--seeds", str(seeds)], timeout=300)
+            peer = result_line([*driver, "--seeds", str(seeds)], timeout=left())
         pairs.append((seeds, ours, peer))
-        records += [{"part": "ppo_vs_purejaxrl", "seeds": seeds, "ours": ours, "purejaxrl": peer}]
-        print(json.dumps(records[-1]), flush=True)
-    defaults = []
+        record({"part": "ppo_vs_purejaxrl", "seeds": seeds, "ours": ours, "purejaxrl": peer})
     with tempfile.TemporaryDirectory() as runs_dir:
         for name in args.files.split(","):
-            defaults.append(default_run(name, runs_dir, timeout=300))
-            records.append({"part": "default_run", **defaults[-1]})
-            print(json.dumps(records[-1]), flush=True)
-    slug = device.replace(" ", "_").replace("/", "_")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"gpu_{slug}.jsonl"), "w") as file:
-        file.writelines(json.dumps({"device": device, **record}) + "\n" for record in records)
-    text = table(device, pairs, defaults)
-    with open(os.path.join(args.out, f"gpu_{slug}.md"), "w") as file:
-        file.write(text)
-    print(text)
+            if time.perf_counter() > deadline:
+                break
+            defaults.append(default_run(name, runs_dir, timeout=left()))
+            record({"part": "default_run", **defaults[-1]})
+    print(table(device, pairs, defaults))
 
 
 if __name__ == "__main__":

@@ -147,11 +147,15 @@ def versions() -> dict:
 
 
 def checkout_commit(path: str):
+    """The clone's commit; None when `path` is no git checkout of its own (not the repository around it)."""
     try:
-        out = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
-        return out.stdout.strip() or None
+        git = ["git", "-C", path, "rev-parse", "--show-toplevel", "HEAD"]
+        out = subprocess.run(git, capture_output=True, text=True, timeout=30).stdout.split()
     except (OSError, subprocess.TimeoutExpired):
         return None
+    if len(out) != 2 or os.path.realpath(out[0]) != os.path.realpath(path):
+        return None
+    return out[1]
 
 
 def main() -> None:
