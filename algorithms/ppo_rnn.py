@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import math
 import os
 import pathlib
 import pkgutil
@@ -33,7 +32,7 @@ import numpy as np
 import optax
 from flax import serialization
 
-HARNESS_PROTOCOL = 2  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "discrete"  # the action spaces this algorithm takes
 
 
@@ -79,6 +78,9 @@ class HParams(NamedTuple):  # the float hyperparameters in which runs of one com
     ent_coef: jax.Array
     vf_coef: jax.Array
     max_grad_norm: jax.Array
+
+
+hparams_from = lambda config: HParams(**{f: jnp.float32(getattr(config, f)) for f in HParams._fields})  # noqa: E731
 
 
 def validate(config: Config) -> None:
@@ -366,15 +368,19 @@ def sample_action(logits: jax.Array, key: jax.Array):
     return action, jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], -1)[..., 0]
 
 
-def make_greedy_policy(config: Config, env: "VecEnv") -> "Policy":
-    """The most probable action; the carry is the GRU state, reset where an episode begins."""
-    network = make_networks(config, env.num_actions)
+def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -> Callable:
+    """`act(params, obs, key, memory) -> (action, memory)` for one observation in the env's own shape (vmap it for a
+    batch), memory the GRU state, `act.memory` (zeros) where an episode begins: the most probable action, or
+    (greedy=False) one drawn from the softmax as in training."""
+    register_partial_envs()  # so that VecEnv finds CartPole-v1-no-velocity
+    network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions)
 
-    def act(params, carry, obs: jax.Array, start: jax.Array, key: jax.Array):  # carry: the GRU state
-        hidden, logits, _ = network.apply(params, reset_hidden(carry, start), obs)
-        return hidden, jnp.argmax(logits, -1)
+    def act(params, obs: jax.Array, key: jax.Array, memory: jax.Array):
+        memory, logits, _ = network.apply(params, memory, obs.reshape(-1).astype(jnp.float32))
+        return jnp.argmax(logits) if greedy else jax.random.categorical(key, logits), memory
 
-    return Policy(init=lambda num_envs: jnp.zeros((num_envs, config.hidden_size)), act=act)
+    act.memory = jnp.zeros(config.hidden_size)
+    return act
 
 
 def saved_params(runner: Runner) -> dict:
@@ -388,9 +394,6 @@ class ConfigError(ValueError):
     """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""
 
 
-flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731  (a Config field's command-line flag)
-
-
 def require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -401,11 +404,8 @@ def validate_hparams(values: dict) -> None:
     rules = {field.name: typing.get_args(field.type)[2:] for field in dataclasses.fields(Config)}
     for name, value in values.items():
         for rule in rules[name]:
-            require(eval(rule, {name: value, "inf": np.inf}), f"{flag(name)} must satisfy {rule}, got {value!r}")
-
-
-def hparams_from(config) -> HParams:  # the Config's own values of the sweepable fields
-    return HParams(**{name: jnp.float32(getattr(config, name)) for name in HParams._fields})
+            ok = eval(rule, {name: value, "inf": np.inf})
+            require(ok, f"--{name.replace('_', '-')} must satisfy {rule}, got {value!r}")
 
 
 class EnvStep(NamedTuple):
@@ -431,7 +431,7 @@ class VecEnv:
         require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
         self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
         bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
-        self.action_dim, (self.action_low, self.action_high) = math.prod(space.shape), bounds  # continuous actions
+        self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
 
     def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
         return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
@@ -472,21 +472,18 @@ class Episodes(NamedTuple):  # every env's current episode, and those ended sinc
         return dict(episode_return=ret / count, episode_length=length / count, episodes_finished=jnp.int32(count))
 
 
-class Policy(NamedTuple):
-    init: Callable  # init(num_envs) -> the policy's own carry (e.g. a recurrent state)
-    act: Callable  # act(params, carry, obs, start, key) -> (carry, action); start: obs begins an episode
-
-
 def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
     """`evaluate(params, rng) -> mean return` of greedy episodes, one per env of `env` (default: eval_episodes)."""
     validate(config)
     env = VecEnv(config.env_name, config.eval_episodes) if env is None else env
-    policy = make_greedy_policy(config, env)
+    act = make_act(config, env=env)
+    start = getattr(act, "memory", None)  # a recurrent policy's memory at an episode's start (None: it has none)
+    batched = jax.vmap(act if start is not None else lambda p, o, k, m: (act(p, o, k), m), (None, 0, 0, 0))
 
     class Evaluating(NamedTuple):  # what evaluation carries from step to step
         env_state: Any
         obs: jax.Array
-        policy: Any  # the policy's own carry
+        memory: Any  # a recurrent policy's memory, per env
         total: jax.Array  # [episodes] return so far: each env's first episode is scored, and only it
         alive: jax.Array  # [episodes] bool: that episode has not ended yet
         rng: jax.Array
@@ -495,26 +492,36 @@ def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
     def evaluate(params, rng: jax.Array) -> jax.Array:
         def env_step(carry: Evaluating) -> Evaluating:
             rng, act_key, env_key = jax.random.split(carry.rng, 3)
-            first = jnp.full(env.num_envs, carry.t == 0)  # the observations begin episodes
-            policy_carry, action = policy.act(params, carry.policy, carry.obs, first, act_key)
+            action, memory = batched(params, carry.obs, jax.random.split(act_key, env.num_envs), carry.memory)
             step = env.step(env_key, carry.env_state, action)
             total = carry.total + jnp.where(carry.alive, step.reward, 0.0)
             alive = carry.alive & ~(step.terminated | step.truncated)
-            return Evaluating(step.state, step.obs, policy_carry, total=total, alive=alive, rng=rng, t=carry.t + 1)
+            return Evaluating(step.state, step.obs, memory, total=total, alive=alive, rng=rng, t=carry.t + 1)
 
         reset_key, rng = jax.random.split(rng)
         obs, env_state = env.reset(reset_key)
-        alive, total = jnp.ones(env.num_envs, bool), jnp.zeros(env.num_envs)
-        first = Evaluating(env_state, obs, policy.init(env.num_envs), total=total, alive=alive, rng=rng, t=0)
+        memory = jax.tree.map(lambda m: jnp.broadcast_to(m, (env.num_envs, *jnp.shape(m))), start)
+        first = Evaluating(env_state, obs, memory, jnp.zeros(env.num_envs), jnp.ones(env.num_envs, bool), rng, t=0)
         running = lambda carry: carry.alive.any() & (carry.t < env.max_episode_steps)  # noqa: E731
         return jax.lax.while_loop(running, env_step, first).total.mean()
 
     return evaluate
 
 
+def load_run(run_dir: str, seed: int = 0, point: int = 0):
+    """(config, params) of one run in a run directory of this file (alone or the harness's): the Config with its sweep
+    point's values (--pbt: the member's last) and its part of params.msgpack, whose arrays are [points, seeds, ...]."""
+    with np.load(pathlib.Path(run_dir, "metrics.npz")) as metrics:
+        values = {name[6:]: metrics[name][point] for name in metrics.files if name.startswith("sweep_")}
+        values |= {name[4:]: metrics[name][point, seed, -1] for name in metrics.files if name.startswith("pbt_")}
+    saved = json.loads(pathlib.Path(run_dir, "config.json").read_text()) | {k: v.item() for k, v in values.items()}
+    params = serialization.msgpack_restore(pathlib.Path(run_dir, "params.msgpack").read_bytes())
+    config = Config(**{field.name: saved[field.name] for field in dataclasses.fields(Config)})
+    return config, jax.tree.map(lambda x: x[point, seed], params)
+
+
 def configure_xla() -> None:
-    """XLA flags for this file alone, unless XLA_FLAGS has them: the concurrency-optimised CPU scheduler off (it
-    has deadlocked vmapped training) and, with no accelerator installed, optimisation level 1 (faster compiles)."""
+    """Unless XLA_FLAGS has them: the concurrent CPU scheduler off (it deadlocked vmapped training), faster compiles."""
     cpu = not any(module.name.startswith(("jax_cuda", "jax_rocm", "libtpu")) for module in pkgutil.iter_modules())
     flags, given = ["xla_cpu_enable_concurrency_optimized_scheduler=false"], os.environ.get("XLA_FLAGS", "")
     flags += ["xla_backend_optimization_level=1"] * cpu
@@ -542,15 +549,14 @@ def train_with_progress(config: Config, train: Callable):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """This file alone: every Config field a flag; writes config.json, metrics.npz and params.msgpack as the run
-    harness does (one sweep point). Exits 2 on bad input (nothing written), 3 when NaN or inf appeared."""
+    """This file alone, writing a run directory as the harness does; exit 2: bad input (nothing written), 3: NaN."""
     configure_xla()  # before JAX's first computation
     name, fields = os.path.basename(__file__), dataclasses.fields(Config)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
     for field in fields:
-        kind, doc, *rules = typing.get_args(field.type)
+        (kind, doc, *rules), option = typing.get_args(field.type), "--" + field.name.replace("_", "-")
         parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
-        parser.add_argument(flag(field.name), default=field.default, help="; ".join([doc, *rules]), **parse)
+        parser.add_argument(option, default=field.default, help="; ".join([doc, *rules]), **parse)
     parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
     try:
         args, unknown = parser.parse_known_args(argv)
@@ -571,11 +577,10 @@ def main(argv: list[str] | None = None) -> int:
     point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
     np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy))
     (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(params)))
-    bad = np.argwhere(~metrics["finite"].T)  # [update, seed] where NaN or inf appeared, earliest first
-    if len(bad):
-        print(f"error: NaN or inf first appeared at update {bad[0, 0] + 1}, seed index {bad[0, 1]}", file=sys.stderr)
+    for update, seed in np.argwhere(~metrics["finite"].T)[:1]:  # [update, seed] where NaN or inf first appeared
+        print(f"error: NaN or inf first appeared at update {update + 1}, seed index {seed}", file=sys.stderr)
     print(f"greedy return per seed {np.round(greedy, 1).tolist()}\nresults: {run_dir}", flush=True)
-    return 3 if len(bad) else 0
+    return 0 if metrics["finite"].all() else 3
 
 
 if __name__ == "__main__":  # in the repository, the run harness beside this file takes over

@@ -56,6 +56,7 @@ SLOW_EXCEPT_PPO = {
     "test_second_run_gets_a_new_directory",
     "test_diverging_run_exits_3_and_still_writes_results",
     "test_copied_script_runs_on_its_own",
+    "test_load_run_and_make_act_act_as_the_evaluation",
     "test_copied_script_refuses_the_harness_options",
 }
 # What only the harness does (a second run's directory, a sweep's files), identical in every file.
@@ -503,6 +504,10 @@ def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_scri
     assert metrics["loss"].shape == (len(SWEEP_LRS), SMALL_SEEDS, updates)
     np.testing.assert_allclose(metrics["sweep_lr"], SWEEP_LRS)
     assert config["sweep"] == {"lr": list(SWEEP_LRS)}
+    point_config, point_params = module.load_run(results_dir(proc, ROOT), seed=1, point=1)  # the lr=3e-3 point
+    assert point_config.lr == SWEEP_LRS[1] and point_config.num_seeds == SMALL_SEEDS
+    for (path, got), (_, want) in zip(_leaves(point_params), _leaves(params), strict=True):
+        np.testing.assert_array_equal(got, want[1, 1], err_msg=path)
 
     sweep = summary["sweep"]
     assert [point["sweep_point"] for point in sweep] == [{"lr": lr} for lr in SWEEP_LRS]
@@ -531,6 +536,64 @@ def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_scri
         else:
             np.testing.assert_array_equal(value, want, err_msg=metric)
     assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3)
+
+
+def act_loop(module, config, params, rng: jax.Array) -> np.ndarray:
+    """The returns of eval_episodes fresh gymnax envs stepped in a Python loop, as a user acts: make_act's act,
+    vmapped over the envs, on their observations in the env's own shape, then gymnax's step, until each env's
+    first episode ends; with the keys the evaluation draws (its reset key, then act and step keys each step).
+    Act and step are jitted together, as in the evaluation: compiled apart, XLA's CPU code rounds CartPole's
+    physics differently, which moves an episode of these barely trained policies by a step now and then."""
+    act, n = module.make_act(config), config.eval_episodes
+    vec_env, memory = module.VecEnv(config.env_name, 1), getattr(act, "memory", None)
+    env, env_params = vec_env.env, vec_env.params
+    if memory is not None:
+        memory = np.broadcast_to(memory, (n, *memory.shape))
+
+    @jax.jit
+    def act_and_step(params, obs, state, memory, rng):
+        rng, act_key, env_key = jax.random.split(rng, 3)
+        if memory is None:
+            action = jax.vmap(act, in_axes=(None, 0, 0))(params, obs, jax.random.split(act_key, n))
+        else:
+            action, memory = jax.vmap(act, in_axes=(None, 0, 0, 0))(params, obs, jax.random.split(act_key, n), memory)
+        step = jax.vmap(env.step, in_axes=(0, 0, 0, None))(jax.random.split(env_key, n), state, action, env_params)
+        return step, memory, rng
+
+    reset_key, rng = jax.random.split(rng)
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, n), env_params)
+    returns, alive = np.zeros(n, np.float32), np.ones(n, bool)
+    for _ in range(vec_env.max_episode_steps):
+        (obs, state, reward, terminated, truncated, _), memory, rng = act_and_step(params, obs, state, memory, rng)
+        returns += np.where(alive, reward, 0).astype(np.float32)
+        alive &= ~np.asarray(terminated | truncated)
+        if not alive.any():
+            break
+    return returns
+
+
+def test_load_run_and_make_act_act_as_the_evaluation(name, algo, module, small_run, copied_script_run):
+    """After training, through the harness and copied alone: load_run gives each seed's Config and parameters,
+    and make_act's act, looped over fresh envs one observation at a time, scores the greedy return the run
+    holds; with greedy=False it acts within the action space."""
+    for run_dir, lr in ((small_run[2], module.Config().lr), (results_dir(*copied_script_run), SWEEP_LRS[1])):
+        eval_return = np.load(run_dir / "metrics.npz")["eval_return"]
+        saved = serialization.msgpack_restore((run_dir / "params.msgpack").read_bytes())
+        for seed in range(SMALL_SEEDS):
+            config, params = module.load_run(run_dir, seed=seed)
+            assert config.env_name == algo.env and config.lr == lr and config.num_seeds == SMALL_SEEDS
+            for (path, got), (_, want) in zip(_leaves(params), _leaves(saved), strict=True):
+                np.testing.assert_array_equal(got, want[0, seed], err_msg=path)
+            rng = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)[seed]
+            returns = act_loop(module, config, params, rng)
+            np.testing.assert_allclose(returns.mean(), eval_return[0, seed], rtol=1e-6)
+    sample = module.make_act(config, greedy=False)
+    vec_env = module.VecEnv(config.env_name, 1)
+    obs, _ = vec_env.env.reset(jax.random.PRNGKey(0), vec_env.params)
+    space, memory = vec_env.env.action_space(vec_env.params), getattr(sample, "memory", None)
+    for key in jax.random.split(jax.random.PRNGKey(1), 8):
+        action = sample(params, obs, key) if memory is None else sample(params, obs, key, memory)[0]
+        assert bool(space.contains(action)), action
 
 
 def test_copied_script_runs_on_its_own(name, algo, module, copied_script_run):

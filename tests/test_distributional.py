@@ -399,8 +399,8 @@ def test_greedy_policies_act_on_the_mean(c51, qr_dqn, c51_setup, qr_setup):
     obs = np.random.default_rng(6).normal(size=(32, OBS_DIM)).astype(np.float32)
     for module, (config, _, online, _, _), width in ((c51, c51_setup, ATOMS), (qr_dqn, qr_setup, QUANTILES)):
         env = types.SimpleNamespace(num_actions=NUM_ACTIONS)  # all the policy reads of its env
-        policy = module.make_greedy_policy(config, env)
-        _, action = jax.jit(policy.act)({"q": online}, (), obs, jnp.ones(32, bool), KEY)
+        act = jax.vmap(module.make_act(config, env=env), in_axes=(None, 0, None))
+        action = jax.jit(act)({"q": online}, obs, KEY)
         heads = numpy_heads(online, obs, width)
         value = softmax(heads) @ atoms_of(c51, config) if module is c51 else heads.mean(-1)
         np.testing.assert_array_equal(action, value.argmax(-1))

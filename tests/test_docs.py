@@ -54,6 +54,19 @@ def finished_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.xdist_group("docs-finished-run")
+def test_the_readme_acts_with_a_finished_run(finished_run):
+    """README's load_run / make_act block, as written (the run directory its placeholder stands for): its
+    action is the greedy one, the actor's most probable on that observation."""
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", DOCS[0].read_text(), re.S) if "load_run(" in b]
+    assert len([line for line in block.splitlines() if line and not line.startswith(("import", "from"))]) <= 6
+    scope = {}
+    exec(PLACEHOLDER.sub(str(finished_run), block), scope)  # ppo: the module the tests load (conftest)
+    ppo, params, obs = load_algorithm("ppo"), scope["params"], scope["obs"]
+    networks = ppo.make_networks(scope["config"], 2)
+    assert int(scope["action"]) == int(networks.actor.apply(params["actor"], obs).argmax())
+
+
 @pytest.mark.xdist_group("docs-finished-run")  # one pytest-xdist worker makes finished_run once
 @pytest.mark.parametrize("where, command", algorithm_commands(), ids=lambda x: x if x.endswith(".md") else "")
 def test_every_documented_command_is_accepted(where, command, finished_run, tmp_path, monkeypatch):

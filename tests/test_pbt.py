@@ -243,6 +243,14 @@ def test_every_file_trains_a_population(name, population_run):
     assert best["hparams"]["lr"] == pytest.approx(values["lr"][best["index"], -1], rel=1e-6)
     assert (population_run / "pbt.png").stat().st_size > 0
     assert summary["pbt"]["copies"] > 0, summary["pbt"]  # else this test checks little
+    # load_run: a member's Config holds the HParams it ended with; its parameters are its own.
+    params = serialization.msgpack_restore((population_run / "params.msgpack").read_bytes())
+    module = load_algorithm(name)
+    member_config, member_params = module.load_run(population_run, seed=1, point=1)  # member 3: [2 points x 2 seeds]
+    for field in fields:
+        assert getattr(member_config, field) == values[field][3, -1], field
+    first = jax.tree.leaves(params)[0]
+    np.testing.assert_array_equal(jax.tree.leaves(member_params)[0], first[1, 1])
     # Lineage: each member's weights descend from the start its copies lead back to.
     for member in summary["pbt"]["members"]:
         want = reference_ancestor(copied, member["index"], updates)

@@ -187,10 +187,8 @@ def test_restored_params_evaluate_to_the_saved_eval_return(cli_run):
     shifted["obs_norm"]["mean"] = params["obs_norm"]["mean"] + 0.5
     assert float(evaluate(shifted, eval_keys[0])) != got[0]
     # The greedy action is the mean: the key the policy is given changes nothing.
-    policy = pc.make_greedy_policy(config, pc.VecEnv(config.env_name, 3))
-    obs, start = jax.random.normal(jax.random.PRNGKey(1), (3, 3)), np.ones(3, bool)
-    actions = [policy.act(params, policy.init(3), obs, start, jax.random.PRNGKey(k))[1] for k in (0, 1)]
-    np.testing.assert_array_equal(*actions)
+    act, obs = pc.make_act(config), jax.random.normal(jax.random.PRNGKey(1), (3,))
+    np.testing.assert_array_equal(*[act(params, obs, jax.random.PRNGKey(k)) for k in (0, 1)])
 
 
 # --------------------------------------------------------------------------------------

@@ -353,8 +353,8 @@ def test_greedy_policy_normalises_with_the_saved_statistics(normalize_obs):
     mean, var = np.array([0.5, -1.0, 2.0, 0.0]), np.array([0.25, 4.0, 1.0, 1e-2])
     obs_norm = {"mean": jnp.asarray(mean, jnp.float32), "var": jnp.asarray(var, jnp.float32), "count": jnp.float32(9)}
     obs = np.random.default_rng(9).normal(size=(5, 4)).astype(np.float32) * 3
-    policy = rnd.make_greedy_policy(config, env)
+    act = jax.vmap(rnd.make_act(config, env=env), in_axes=(None, 0, None))
     params, key = {"actor": actor, "obs_norm": obs_norm}, jax.random.PRNGKey(2)
-    _, action = jax.jit(policy.act)(params, policy.init(5), obs, jnp.ones(5, bool), key)
+    action = jax.jit(act)(params, obs, key)
     x = np.clip((obs - mean) / np.sqrt(var + 1e-8), -5, 5) if normalize_obs else obs
     np.testing.assert_array_equal(np.asarray(action), np.argmax(numpy_mlp(actor, x), -1))

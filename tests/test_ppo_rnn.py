@@ -185,20 +185,21 @@ def test_no_gradient_crosses_an_episode_start(rnn):
     assert (np.abs(d_hidden[~started]).sum(-1) > 0).all()
 
 
-def test_greedy_policy_carries_the_state_and_resets_it_at_starts(rnn):
-    """make_greedy_policy: init(n) is the zero state; act, step by step, gives the state and the most
-    probable action of the plain loop, the state reset where `start`."""
+def test_act_carries_the_memory_it_is_given(rnn):
+    """make_act: act.memory is the zero state; act, vmapped over envs and fed act.memory where an episode
+    starts, gives the state and the most probable action of the plain loop, which resets at `start`."""
     config = rnn.Config(hidden_size=8)
     network, params = init_params(rnn, config, key=4)
     hidden, obs, start = hand_made_sequence(rnn)
-    policy = rnn.make_greedy_policy(config, rnn.VecEnv(ENV, start.shape[1]))
-    np.testing.assert_array_equal(policy.init(start.shape[1]), np.zeros_like(hidden))
+    act = rnn.make_act(config)
+    np.testing.assert_array_equal(act.memory, np.zeros(config.hidden_size))
 
     want = python_loop(network, params, hidden, obs, start)
-    act, carry = jax.jit(policy.act), hidden
+    batched, memory = jax.jit(jax.vmap(act, in_axes=(None, 0, 0, 0))), hidden
     for t, key in enumerate(jax.random.split(jax.random.PRNGKey(0), len(start))):
-        carry, action = act(params, carry, obs[t], start[t], key)
-        np.testing.assert_allclose(carry, want["after"][t], rtol=1e-5, atol=1e-6)
+        memory = np.where(start[t][:, None], act.memory, memory)
+        action, memory = batched(params, obs[t], jax.random.split(key, len(memory)), memory)
+        np.testing.assert_allclose(memory, want["after"][t], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(action, want["logits"][t].argmax(-1))
 
 

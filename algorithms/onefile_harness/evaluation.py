@@ -51,8 +51,7 @@ class Replaying(NamedTuple):
 
     env_state: Any
     obs: jax.Array
-    policy: Any  # the greedy policy's own carry (e.g. a recurrent state)
-    start: jax.Array  # [1] bool: obs begins an episode
+    memory: Any  # a recurrent policy's memory ([1, ...]; None for the others)
     alive: jax.Array  # [1] bool: the episode has not ended yet
     rng: jax.Array
 
@@ -62,21 +61,23 @@ def make_episode_recorder(algo, config):
     one greedy episode (the first of the file's evaluation with the same key), the state each step
     starts from, its reward, and whether the episode was still running."""
     env = suites.vec_env(algo, config.env_name, 1)
-    policy = algo.make_greedy_policy(config, env)
+    act = algo.make_act(config, env=env)
+    start = getattr(act, "memory", None)  # as the file's make_evaluate: None for a policy without memory
+    batched = jax.vmap(act if start is not None else lambda p, o, k, m: (act(p, o, k), m), (None, 0, 0, 0))
 
     def env_step(params, carry: Replaying, _):
         rng, act_key, env_key = jax.random.split(carry.rng, 3)
-        policy_carry, action = policy.act(params, carry.policy, carry.obs, carry.start, act_key)
+        action, memory = batched(params, carry.obs, jax.random.split(act_key, 1), carry.memory)
         step = env.step(env_key, carry.env_state, action)
-        done = step.terminated | step.truncated
-        after = Replaying(step.state, step.obs, policy_carry, start=done, alive=carry.alive & ~done, rng=rng)
-        return after, (carry.env_state, step.reward, carry.alive)
+        alive = carry.alive & ~(step.terminated | step.truncated)
+        return Replaying(step.state, step.obs, memory, alive, rng), (carry.env_state, step.reward, carry.alive)
 
     def record(params, rng: jax.Array):
         reset_key, rng = jax.random.split(rng)
         obs, env_state = env.reset(reset_key)
-        first = Replaying(env_state, obs, policy.init(1), jnp.ones(1, bool), jnp.ones(1, bool), rng)
+        memory = jax.tree.map(lambda m: jnp.asarray(m)[None], start)
         step = lambda carry, x: env_step(params, carry, x)  # noqa: E731
+        first = Replaying(env_state, obs, memory, jnp.ones(1, bool), rng)
         _, (states, rewards, alive) = jax.lax.scan(step, first, None, env.max_episode_steps)
         return jax.tree.map(lambda x: x[:, 0], (states, rewards, alive))
 

@@ -33,9 +33,15 @@ the names below, and refuses a file whose HARNESS_PROTOCOL is not this module's 
     make_evaluate(config, env=None)
                          -> evaluate(params, rng) -> the mean return of eval_episodes greedy episodes
                          (env default: VecEnv(config.env_name, config.eval_episodes))
-    make_greedy_policy(config, env) -> Policy(init(num_envs) -> carry,
-                         act(params, carry, obs, start, key) -> (carry, action)): how --render
-                         replays a greedy episode
+    make_act(config, greedy=True, env=None)
+                         -> act(params, obs, key) -> action for one observation (vmapped for a
+                         batch): the policy greedy evaluation, --render and users act with
+                         (greedy=False: sampling as in training). A recurrent policy's act is
+                         act(params, obs, key, memory) -> (action, memory), with act.memory the
+                         memory an episode begins with
+    load_run(run_dir, seed=0, point=0)
+                         -> (config, params) of one run of a run directory (not used by the harness:
+                         what a user calls after training)
 
 Everything else (sweeps, devices, chunks and progress, checkpoints, tracking, statistics, plots,
 rendering, environment suites) is the harness's; the file knows none of it.
@@ -45,7 +51,7 @@ import os
 import types
 from typing import Any, NamedTuple
 
-PROTOCOL = 2
+PROTOCOL = 3
 NAMES = (
     "Config",
     "HParams",
@@ -56,7 +62,7 @@ NAMES = (
     "saved_params",
     "make_evaluate",
     "VecEnv",
-    "make_greedy_policy",
+    "make_act",
 )
 
 
@@ -77,7 +83,7 @@ class Algorithm(NamedTuple):
     saved_params: Any
     make_evaluate: Any
     VecEnv: type
-    make_greedy_policy: Any
+    make_act: Any
 
     @property
     def sweepable(self) -> tuple:
