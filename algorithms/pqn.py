@@ -282,7 +282,9 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
         obs = obs.reshape(-1).astype(jnp.float32)
-        return epsilon_greedy_action(networks, params, obs, 0.0 if greedy else config.eps_end, key)
+        if greedy:  # the highest Q-value, no random draw
+            return jnp.argmax(networks.q.apply(params["q"], obs))
+        return epsilon_greedy_action(networks, params, obs, config.eps_end, key)
 
     return act
 
