@@ -239,13 +239,15 @@ def make_td_loss(config: Config, network: nn.Module) -> Callable:
     reward + gamma * (1 - terminated) * Z_tau'(final_obs, a'), and K levels for a', the action of the highest mean
     quantile by the target network, or by the online one (double DQN). `final_obs` is the true next observation, so
     a time-limit truncation bootstraps from the state it cut off; only `terminated` zeroes the bootstrap. The loss is
-    `quantile_huber_loss`; aux holds the taken actions' Q-values (mean quantiles) and the target quantiles."""
+    `quantile_huber_loss`; aux holds the taken actions' Q-values (mean quantiles), the target quantiles, both sets of
+    levels and the Q-values that chose a'."""
 
     def td_loss(params, target_params, batch: Transition, hp: HParams, key: jax.Array):
         tau_key, target_tau_key, action_key = jax.random.split(key, 3)
         B = batch.action.shape[0]
         chooser = jax.lax.stop_gradient(params) if config.double_dqn else target_params
-        next_action = jnp.argmax(q_values(config, network, chooser, batch.final_obs, action_key), -1)
+        next_q = q_values(config, network, chooser, batch.final_obs, action_key)
+        next_action = jnp.argmax(next_q, -1)
         target_taus = jax.random.uniform(target_tau_key, (B, config.num_target_taus))
         next_quantiles = network.apply(target_params, batch.final_obs, target_taus)  # [B, N', actions]
         next_quantiles = jnp.take_along_axis(next_quantiles, next_action[:, None, None], -1)[..., 0]
@@ -256,7 +258,13 @@ def make_td_loss(config: Config, network: nn.Module) -> Callable:
         quantiles = jnp.take_along_axis(network.apply(params, batch.obs, taus), batch.action[:, None, None], -1)[..., 0]
         chex.assert_shape([target, quantiles], [(B, config.num_target_taus), (B, config.num_taus)])
         loss = quantile_huber_loss(quantiles, taus, target, hp.kappa)
-        return loss, {"q": quantiles.mean(-1), "target": target}
+        return loss, {
+            "q": quantiles.mean(-1),
+            "target": target,
+            "taus": taus,
+            "target_taus": target_taus,
+            "next_q": next_q,
+        }
 
     return td_loss
 
