@@ -169,6 +169,17 @@ ALGORITHMS = {
             "sweep-kappa-zero": (["--sweep", "kappa=1,0"], "kappa"),
         },
     ),
+    "iqn": Algorithm(
+        small=DQN_SMALL,
+        steps_per_update=200,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+            "no-target-taus": (["--num-target-taus", "0"], "--num-target-taus"),
+            "embedding-dim-zero": (["--embedding-dim", "0"], "--embedding-dim"),
+            "sweep-kappa-nan": (["--sweep", "kappa=1,nan"], "kappa"),
+        },
+    ),
     "pqn": Algorithm(
         small=(
             "--total-timesteps",
