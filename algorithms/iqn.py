@@ -46,26 +46,26 @@ class Config:
     num_envs: Annotated[int, "parallel environments per run", "0 < num_envs < 2**31"] = 10
     num_steps: Annotated[int, "steps per environment in each update (one metrics row)", "0 < num_steps < 2**31"] = 100
     buffer_size: Annotated[int, "replay buffer capacity per run (>= num_envs)", "0 < buffer_size < 2**31"] = 10_000
-    batch_size: Annotated[int, "transitions per gradient step, uniform from the buffer", "batch_size > 0"] = 128
+    batch_size: Annotated[int, "transitions per gradient step (the paper's 32)", "batch_size > 0"] = 32
     learning_starts: Annotated[int, "env steps before gradient steps begin", "0 <= learning_starts < 2**31"] = 10_000
     train_frequency: Annotated[int, "env steps (all envs) per gradient step", "0 < train_frequency < 2**31"] = 10
     target_update_frequency: Annotated[int, "env steps per target update", "0 < target_update_frequency < 2**31"] = 250
     tau: Annotated[float, "target <- tau * online + (1 - tau) * target (1 copies)", "0 < tau <= 1"] = 1.0
     double_dqn: Annotated[bool, "double DQN: the online network picks the next action, the target rates it"] = True
-    num_taus: Annotated[int, "N: sampled levels of the quantiles regressed", "0 < num_taus < 2**31"] = 8
-    num_target_taus: Annotated[int, "N': sampled levels of the target quantiles", "0 < num_target_taus < 2**31"] = 8
-    num_action_taus: Annotated[int, "K: sampled levels whose mean Q picks actions", "0 < num_action_taus < 2**31"] = 8
-    embedding_dim: Annotated[int, "cosines in the embedding of tau (the paper's 64)", "0 < embedding_dim < 2**31"] = 64
-    kappa: Annotated[float, "quantile Huber threshold (the paper's is 1)", "0 < kappa < inf"] = 100.0
-    lr: Annotated[float, "Adam learning rate (start value when annealed)", "0 < lr < inf"] = 2.5e-4
-    anneal_lr: Annotated[bool, "decay the learning rate linearly to 0 over all gradient steps"] = False
+    num_taus: Annotated[int, "N: levels regressed (the paper's 64)", "0 < num_taus < 2**31"] = 8
+    num_target_taus: Annotated[int, "N': levels of the targets (the paper's 64)", "0 < num_target_taus < 2**31"] = 8
+    num_action_taus: Annotated[int, "K: levels whose mean acts (the paper's 32)", "0 < num_action_taus < 2**31"] = 8
+    embedding_dim: Annotated[int, "cosines in the embedding of tau (the paper's 64)", "0 < embedding_dim < 2**31"] = 32
+    kappa: Annotated[float, "quantile Huber threshold (the paper's 1: slow on CartPole)", "0 < kappa < inf"] = 100.0
+    lr: Annotated[float, "Adam learning rate (start value when annealed; the paper's 5e-5)", "0 < lr < inf"] = 1e-3
+    anneal_lr: Annotated[bool, "decay the learning rate linearly to 0 over all gradient steps"] = True
     gamma: Annotated[float, "discount factor", "0 <= gamma <= 1"] = 0.99
     max_grad_norm: Annotated[float, "global gradient-norm clip", "0 < max_grad_norm < inf"] = 1000.0
     eps_start: Annotated[float, "epsilon-greedy exploration rate at the first step", "0 <= eps_start <= 1"] = 1.0
     eps_end: Annotated[float, "exploration rate once the linear decay is over", "0 <= eps_end <= 1"] = 0.01
     eps_fraction: Annotated[float, "share of total_timesteps epsilon takes to decay", "0 <= eps_fraction <= 1"] = 0.3
     activation: Annotated[str, "hidden activation", "activation in ('relu', 'tanh')"] = "relu"
-    hidden_size: Annotated[int, "units per hidden layer of the Q-network", "0 < hidden_size < 2**31"] = 128
+    hidden_size: Annotated[int, "units per hidden layer of the Q-network", "0 < hidden_size < 2**31"] = 64
     num_layers: Annotated[int, "hidden layers of the Q-network", "0 < num_layers < 2**31"] = 2
     eval_episodes: Annotated[int, "greedy evaluation episodes per run after training", "eval_episodes > 0"] = 16
     seed: Annotated[int, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]"] = 0

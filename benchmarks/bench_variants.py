@@ -3,7 +3,7 @@
     python benchmarks/bench_variants.py                        # every pair, 2 rounds (about 20 minutes on 2 CPU cores)
     python benchmarks/bench_variants.py --only c51-cartpole --rounds 3
 
-c51.py and qr_dqn.py are dqn.py with a distributional head and loss; ppo_rnd.py is ppo.py with
+c51.py, qr_dqn.py and iqn.py are dqn.py with a distributional head and loss; ppo_rnd.py is ppo.py with
 random network distillation. Each pair runs the same flags (network, envs, batch, update ratio,
 budget, seeds; a `-defaults` pair only env and seeds, each file at its own defaults) from the
 files' command lines in fresh processes, `rounds` times, alternating which goes first, so that the
@@ -31,6 +31,12 @@ DQN_FLAGS = (
     "--batch-size 128 --learning-starts 10000 --train-frequency 10 --target-update-frequency 250 --lr 2.5e-4 "
     "--hidden-size 128 --num-layers 2 --num-seeds 8"
 )
+# iqn.py's CartPole defaults written out (64 units, batch 32, an annealed lr of 1e-3), for it, dqn.py and qr_dqn.py.
+IQN_FLAGS = (
+    "--env-name CartPole-v1 --total-timesteps 300000 --num-envs 10 --num-steps 100 --buffer-size 10000 "
+    "--batch-size 32 --learning-starts 10000 --train-frequency 10 --target-update-frequency 250 --lr 1e-3 "
+    "--anneal-lr --hidden-size 64 --num-layers 2 --num-seeds 8"
+)
 # ppo_rnd.py's defaults written out for both files (ppo.py's, but DeepSea), at the issue's 500k steps.
 PPO_FLAGS = (
     "--env-name DeepSea-bsuite --total-timesteps 500000 --num-envs 16 --num-steps 32 --update-epochs 4 "
@@ -42,6 +48,9 @@ PAIRS = {
     # Each file at its own defaults (c51.py's hidden layers are half dqn.py's): what a user sees.
     "c51-cartpole-defaults": ("c51", "dqn", "--env-name CartPole-v1 --num-seeds 8"),
     "qr_dqn-cartpole": ("qr_dqn", "dqn", DQN_FLAGS),
+    # iqn.py is qr_dqn.py with sampled levels: against both, at its own network, batch and update ratio.
+    "iqn-cartpole": ("iqn", "dqn", IQN_FLAGS),
+    "iqn-qr_dqn-cartpole": ("iqn", "qr_dqn", IQN_FLAGS),
     "ppo_rnd-deepsea": ("ppo_rnd", "ppo", PPO_FLAGS),
 }
 
