@@ -321,7 +321,7 @@ SMALL_TRAIN = {
     # dqn.py's, with small distributional heads.
     "c51": (dict(**DQN_SMALL_TRAIN, num_atoms=11, v_min=-10.0, v_max=10.0), 5, 1e-3),
     "qr_dqn": (dict(**DQN_SMALL_TRAIN, num_quantiles=8), 5, 1e-3),
-    "iqn": (dict(**DQN_SMALL_TRAIN, num_taus=4, num_target_taus=5, num_action_taus=3, embedding_dim=8), 5, 1e-3),
+    "iqn": (dict(**DQN_SMALL_TRAIN, num_taus=4, num_target_taus=5, num_action_taus=3, embedding_dim=8), 5, 3e-4),
     # Pendulum: every episode ends at the last step, all 4 envs together (so the mean return divides
     # by 4, exact however XLA computes x / n). 4 envs and a train interval of 3 divide neither way:
     # rounds of gradient steps fall between vectorized steps, some of which owe two; learning starts
