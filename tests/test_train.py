@@ -225,6 +225,7 @@ METRICS = {
     "dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
     "c51": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
     "qr_dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
+    "rainbow": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
     "sac": COMMON_METRICS | {"actor_loss", "q_mean", "entropy", "alpha", "gradient_steps"},
     "td3": COMMON_METRICS | {"actor_loss", "q_mean", "gradient_steps", "actor_steps"},
 }
