@@ -129,11 +129,9 @@ class NoisyDense(nn.Module):  # y = x (mu_w + sigma_w * eps_w) + mu_b + sigma_b 
 
     @nn.compact
     def __call__(self, x: jax.Array, noise: bool) -> jax.Array:
-        fan_in = x.shape[-1]
-        bound, sigma = 1.0 / np.sqrt(fan_in), self.sigma0 / np.sqrt(fan_in)  # the paper's initialisation
+        fan_in, shape = x.shape[-1], (x.shape[-1], self.features)
+        bound, constant = 1 / np.sqrt(fan_in), nn.initializers.constant(self.sigma0 / np.sqrt(fan_in))  # the paper's
         uniform = lambda key, shape: jax.random.uniform(key, shape, minval=-bound, maxval=bound)  # noqa: E731
-        constant = lambda key, shape: jnp.full(shape, sigma)  # noqa: E731
-        shape = (fan_in, self.features)
         kernel, kernel_sigma = self.param("kernel", uniform, shape), self.param("kernel_sigma", constant, shape)
         bias, bias_sigma = self.param("bias", uniform, shape[1:]), self.param("bias_sigma", constant, shape[1:])
         if not noise:  # greedy evaluation: the mean weights, deterministic
@@ -162,8 +160,7 @@ class QNetwork(nn.Module):  # an MLP from a flat observation to one distribution
     @nn.compact
     def __call__(self, x: jax.Array, noise: bool = False) -> jax.Array:
         act = getattr(nn, self.activation)  # nn.relu or nn.tanh
-        noisy = lambda features: lambda y: NoisyDense(features, self.sigma0)(y, noise)  # noqa: E731
-        dense = noisy if self.noisy else nn.Dense  # without noisy nets: c51.py's layers, by the same names
+        dense = (lambda n: lambda y: NoisyDense(n, self.sigma0)(y, noise)) if self.noisy else nn.Dense  # c51.py's
         for _ in range(self.num_layers):
             x = act(dense(self.hidden_size)(x))
         logits = dense(self.num_actions * self.num_atoms)(x).reshape(*x.shape[:-1], self.num_actions, self.num_atoms)
@@ -181,8 +178,7 @@ def make_networks(config: Config, num_actions: int) -> Networks:
 
 
 def logits_of(network: nn.Module, params, obs: jax.Array, key: jax.Array | None = None) -> jax.Array:
-    """[..., num_actions, num_atoms] logits, noisy layers drawing one noise from `key` for the whole batch, or
-    (None) at their mean weights."""
+    """[..., num_actions, num_atoms] logits; noisy layers draw one noise from `key` for the batch, else their means."""
     return network.apply(params, obs) if key is None else network.apply(params, obs, True, rngs={"noise": key})
 
 
@@ -216,9 +212,7 @@ class ReplayBuffer(NamedTuple):  # a circular store of one run's transitions (on
 
 def buffer_init(capacity: int, obs_dim: int) -> ReplayBuffer:
     zeros = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity, *shape), dtype)  # noqa: E731
-    data = Transition(
-        zeros(obs_dim), zeros(dtype=jnp.int32), zeros(), zeros(dtype=bool), zeros(dtype=bool), zeros(obs_dim)
-    )
+    data = Transition(zeros(obs_dim), zeros(dtype=jnp.int32), zeros(), *[zeros(dtype=bool)] * 2, zeros(obs_dim))
     return ReplayBuffer(data, priority=zeros(), max_priority=jnp.float32(1), position=jnp.int32(0), size=jnp.int32(0))
 
 
@@ -245,12 +239,10 @@ def uniform_slots(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> jax.
 
 
 def prioritized_slots(buffer: ReplayBuffer, key: jax.Array, batch_size: int, alpha, beta) -> tuple:
-    """(slots, importance weights) of `batch_size` draws, slot i with P(i) = p_i^alpha / sum_j p_j^alpha over the
-    filled slots (Schaul et al. 2016, proportional): one uniform draw of cumulative mass in each of batch_size equal
-    strata, found by binary search of the cumulative sum (O(capacity) a gradient step). Weights (size P(i))^-beta,
-    divided by the batch's largest so that they only ever scale steps down."""
-    capacity = buffer.priority.shape[0]
-    mass = jnp.where(jnp.arange(capacity) < buffer.size, buffer.priority**alpha, 0.0)
+    """(slots, importance weights) of `batch_size` draws of filled slots, P(i) = p_i^alpha / sum p^alpha (Schaul et
+    al. 2016, proportional): a uniform draw in each of batch_size equal strata of the cumulative sum, found by binary
+    search (O(capacity)). Weights (size P(i))^-beta over the batch's largest, so they only ever scale steps down."""
+    mass = jnp.where(jnp.arange(buffer.priority.shape[0]) < buffer.size, buffer.priority**alpha, 0.0)
     cumulative = jnp.cumsum(mass)
     draws = (jnp.arange(batch_size) + jax.random.uniform(key, (batch_size,))) * (cumulative[-1] / batch_size)
     slots = jnp.minimum(jnp.searchsorted(cumulative, draws, side="right"), buffer.size - 1)  # rounding at the top
@@ -270,14 +262,13 @@ class Batch(NamedTuple):  # n-step transitions for the loss
     reward: jax.Array  # [B] sum_{k<m} gamma^k r_k over the m <= n_step steps of the window
     discount: jax.Array  # [B] gamma^m, or 0 when the window ended in a termination
     next_obs: jax.Array  # [B, obs_dim] the window's last true next observation: what is bootstrapped from
-    weight: jax.Array  # [B] importance weight (1 without prioritised replay)
+    weight: jax.Array  # [B] importance weight (n_step_batch's 1s; prioritised replay's replace them)
 
 
 def n_step_batch(buffer: ReplayBuffer, slots: jax.Array, n_step: int, num_envs: int, gamma) -> Batch:
-    """Each slot's n-step transition, made at sampling time from the one-step transitions of the same env (num_envs
-    slots apart). The window stops after the first step that terminated or was truncated, and at the newest write:
-    a window of m steps bootstraps from its last step's final_obs with gamma^m (a valid m-step return), unless that
-    step terminated. A truncation thus bootstraps from the state the time limit cut off."""
+    """Each slot's n-step transition, made at sampling time from the same env's next transitions (num_envs slots on).
+    The window ends at the first step that terminated or was truncated, and at the newest write; m steps bootstrap from
+    the last one's final_obs with gamma^m unless it terminated (a truncation: from the state the time limit cut off)."""
     data, capacity, k = buffer.data, buffer.priority.shape[0], jnp.arange(n_step)
     window = (slots[:, None] + k * num_envs) % capacity  # [B, n]: the env's next n transitions' slots
     written = k * num_envs <= ((buffer.position - 1 - slots) % capacity)[:, None]  # newer than the slot: written
@@ -287,8 +278,7 @@ def n_step_batch(buffer: ReplayBuffer, slots: jax.Array, n_step: int, num_envs: 
     last = jnp.take_along_axis(window, valid.sum(1, keepdims=True) - 1, 1)[:, 0]  # the window's last step's slot
     reward = (jnp.where(valid, gamma**k * data.reward[window], 0.0)).sum(1)
     discount = gamma ** valid.sum(1) * (1.0 - data.terminated[last])
-    weight = jnp.ones_like(reward)
-    return Batch(data.obs[slots], data.action[slots], reward, discount, next_obs=data.final_obs[last], weight=weight)
+    return Batch(data.obs[slots], data.action[slots], reward, discount, data.final_obs[last], jnp.ones_like(reward))
 
 
 class Runner(NamedTuple):  # everything one run carries from update to update
@@ -326,11 +316,6 @@ def epsilon(config: Config, hparams: HParams, env_steps: jax.Array) -> jax.Array
     return hparams.eps_start + (hparams.eps_end - hparams.eps_start) * progress
 
 
-def beta(config: Config, hparams: HParams, env_steps: jax.Array) -> jax.Array:
-    """The importance-weight exponent: linear from beta_start to 1 over total_timesteps (Schaul et al.)."""
-    return hparams.beta_start + (1.0 - hparams.beta_start) * jnp.minimum(env_steps / config.total_timesteps, 1.0)
-
-
 def project(probs: jax.Array, shifted: jax.Array, atoms: jax.Array) -> jax.Array:
     """Projects distributions with mass `probs` [B, K] at returns `shifted` [B, K] onto the evenly spaced
     `atoms` [K]: each shifted atom, clipped to [v_min, v_max], splits its mass between the two atoms around it
@@ -349,27 +334,24 @@ def project(probs: jax.Array, shifted: jax.Array, atoms: jax.Array) -> jax.Array
 def make_td_loss(config: Config, network: nn.Module) -> Callable:
     """`td_loss(params, target_params, batch, hp, key) -> (loss, aux)` for Q-network params.
 
-    The target distribution: the target network's probabilities of (next_obs, a') on the atoms shifted to the n-step
-    reward + discount * z (Batch), projected onto the atoms (`project`), where a' has the highest expected value by
-    the target network, or by the online one (double DQN). Noisy layers draw independent noise from `key` for the
-    online network, the online network choosing a' and the target network. The loss: the importance-weighted mean
-    of each sample's cross entropy (the taken action's distribution against its target), which is also the sample's
-    new priority. aux holds the taken actions' Q-values, the target distributions and the cross entropies."""
+    The target: the target network's distribution of (next_obs, a') shifted to the n-step reward + discount * z and
+    projected (`project`), a' the argmax of the expected value by the target network or (double DQN) the online one;
+    each network draws one noise from `key`. The loss: the importance-weighted mean of the cross entropies (in aux)."""
     atoms = support(config)
 
     def td_loss(params, target_params, batch: Batch, hp: HParams, key: jax.Array):
-        online_key, chooser_key, target_key = jax.random.split(key, 3)
+        online_key, target_key = jax.random.split(key)
         next_logits_target = logits_of(network, target_params, batch.next_obs, target_key)
-        chooser, chooser_key = (
-            (jax.lax.stop_gradient(params), chooser_key) if config.double_dqn else (target_params, target_key)
-        )
-        next_action = jnp.argmax(q_values(config, network, chooser, batch.next_obs, chooser_key), -1)
+        # One online pass (one noise) for obs and, under double DQN, next_obs: a noisy forward pass costs.
+        both = jnp.concatenate([batch.obs, batch.next_obs]) if config.double_dqn else batch.obs
+        online_logits = logits_of(network, params, both, online_key)
+        chooser = jax.lax.stop_gradient(online_logits[len(batch.obs) :]) if config.double_dqn else next_logits_target
+        next_action = jnp.argmax(jax.nn.softmax(chooser, -1) @ atoms, -1)
         next_logits = jnp.take_along_axis(next_logits_target, next_action[:, None, None], -2)[:, 0]
         chex.assert_equal_shape([batch.reward, batch.discount, batch.action, batch.weight, next_action])
         shifted = batch.reward[:, None] + batch.discount[:, None] * atoms
         target = jax.lax.stop_gradient(project(jax.nn.softmax(next_logits, -1), shifted, atoms))
-        logits = logits_of(network, params, batch.obs, online_key)
-        logits = jnp.take_along_axis(logits, batch.action[:, None, None], -2)[:, 0]
+        logits = jnp.take_along_axis(online_logits[: len(batch.obs)], batch.action[:, None, None], -2)[:, 0]
         chex.assert_shape([target, logits], (batch.action.shape[0], config.num_atoms))
         cross_entropy = -(target * jax.nn.log_softmax(logits, -1)).sum(-1)
         loss = (batch.weight * cross_entropy).mean()
@@ -414,11 +396,10 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         uniform), then the batch's new priorities: (runner, its loss, mean Q and gradient norm)."""
         sample_key, loss_key = jax.random.split(key)
         hp, target_params, buffer = runner.hparams, runner.target_params["q"], runner.buffer
-        slots, weight = (
-            prioritized_slots(buffer, sample_key, config.batch_size, hp.alpha, beta)
-            if config.prioritized
-            else (uniform_slots(buffer, sample_key, config.batch_size), jnp.ones(config.batch_size))
-        )
+        if config.prioritized:
+            slots, weight = prioritized_slots(buffer, sample_key, config.batch_size, hp.alpha, beta)
+        else:
+            slots, weight = uniform_slots(buffer, sample_key, config.batch_size), jnp.ones(config.batch_size)
         batch = n_step_batch(buffer, slots, config.n_step, N, hp.gamma)._replace(weight=weight)
         loss_fn = lambda params: td_loss(params["q"], target_params, batch, hp, loss_key)  # noqa: E731
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params)
@@ -435,11 +416,12 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         [max_grad_steps] steps' stats, which were taken, target updates))."""
         num_grad = interval_crossings(before, N, config.train_frequency, config.learning_starts)
         untaken = dict.fromkeys(("loss", "q_mean", "grad_norm"), jnp.float32(0))
-        skip = lambda runner, key, beta: (runner, untaken)  # noqa: E731
+        skip, beta_start = lambda runner, key, beta: (runner, untaken), runner.hparams.beta_start  # noqa: E731
+        beta = beta_start + (1.0 - beta_start) * jnp.minimum(before / config.total_timesteps, 1.0)  # linear to 1
 
         def maybe_step(runner: Runner, inputs):
             i, key = inputs
-            return jax.lax.cond(i < num_grad, gradient_step, skip, runner, key, beta(config, runner.hparams, before))
+            return jax.lax.cond(i < num_grad, gradient_step, skip, runner, key, beta)
 
         steps = jnp.arange(max_grad_steps)
         runner, stats = jax.lax.scan(maybe_step, runner, (steps, jax.random.split(key, max_grad_steps)))
@@ -464,8 +446,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
             action = sample_action(act_key, q_values(config, network, runner.params["q"], obs, noise_key), eps)
             step = env.step(env_key, runner.episodes.env_state, action)
             transition = Transition(obs, action, step.reward, step.terminated, step.truncated, step.final_obs)
-            buffer = buffer_add(runner.buffer, transition)
-            runner = runner._replace(buffer=buffer, episodes=runner.episodes.after(step))
+            runner = runner._replace(buffer=buffer_add(runner.buffer, transition), episodes=runner.episodes.after(step))
             runner, (stats, taken, num_target) = learn(runner, before, learn_key)
             return runner, (stats, taken, num_target, eps)
 
@@ -508,9 +489,8 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
         obs, (noise_key, action_key) = obs.reshape(-1).astype(jnp.float32), jax.random.split(key)
-        if greedy:
-            return jnp.argmax(q_values(config, network, params["q"], obs))
-        return sample_action(action_key, q_values(config, network, params["q"], obs, noise_key), config.eps_end)
+        q = q_values(config, network, params["q"], obs, None if greedy else noise_key)
+        return jnp.argmax(q) if greedy else sample_action(action_key, q, config.eps_end)
 
     return act
 
