@@ -322,7 +322,7 @@ SMALL_TRAIN = {
     "c51": (dict(**DQN_SMALL_TRAIN, num_atoms=11, v_min=-10.0, v_max=10.0), 5, 1e-3),
     "qr_dqn": (dict(**DQN_SMALL_TRAIN, num_quantiles=8), 5, 1e-3),
     # c51.py's, with 2-step returns (windows cut at episode ends and at the newest write within the run).
-    "rainbow": (dict(**DQN_SMALL_TRAIN, num_atoms=11, v_min=-10.0, v_max=10.0, n_step=2), 5, 1e-3),
+    "rainbow": (dict(**DQN_SMALL_TRAIN, num_atoms=11, v_min=-10.0, v_max=10.0, n_step=2), 5, 3e-4),
     # Pendulum: every episode ends at the last step, all 4 envs together (so the mean return divides
     # by 4, exact however XLA computes x / n). 4 envs and a train interval of 3 divide neither way:
     # rounds of gradient steps fall between vectorized steps, some of which owe two; learning starts

@@ -110,6 +110,8 @@ ALTERNATIVE = {
     "rnd_lr": 3e-3,
     "update_proportion": 0.5,
     "kappa": 0.5,
+    "beta_start": 0.9,
+    "priority_eps": 0.5,
 }
 
 
