@@ -36,6 +36,7 @@ RUNS = [
     ("c51", "CartPole-v1", ""),
     ("qr_dqn", "CartPole-v1", ""),
     ("iqn", "CartPole-v1", ""),
+    ("rainbow", "CartPole-v1", ""),
     ("ppo", "Acrobot-v1", "--total-timesteps 300000"),
     ("dqn", "Acrobot-v1", "--total-timesteps 300000"),
     ("pqn", "Acrobot-v1", "--total-timesteps 300000"),
@@ -46,9 +47,12 @@ RUNS = [
     # The paper's kappa 1: at the default 100 (for CartPole's larger values) it reached -88.4 ± 1.8.
     ("qr_dqn", "Acrobot-v1", "--total-timesteps 500000 --kappa 1"),
     ("iqn", "Acrobot-v1", "--total-timesteps 500000"),
+    ("rainbow", "Acrobot-v1", "--total-timesteps 500000"),
     # CleanRL's dqn_jax.py budget on MountainCar (its published -188.9): epsilon-greedy rarely finds the goal.
     ("dqn", "MountainCar-v0", "--total-timesteps 500000 --num-seeds 4"),
     ("iqn", "MountainCar-v0", "--total-timesteps 500000 --num-seeds 4"),
+    # Noisy nets explore by their own noise after epsilon's first 10%.
+    ("rainbow", "MountainCar-v0", "--total-timesteps 500000 --num-seeds 4"),
     (
         "ppo",
         "Breakout-MinAtar",
@@ -79,6 +83,12 @@ RUNS = [
         "Breakout-MinAtar",
         "--total-timesteps 1000000 --buffer-size 100000 --learning-starts 10000 --lr 1e-4 --hidden-size 256 "
         "--target-update-frequency 1000 --num-seeds 4",
+    ),
+    (
+        "rainbow",
+        "Breakout-MinAtar",
+        "--total-timesteps 1000000 --buffer-size 100000 --learning-starts 10000 --lr 1e-4 --hidden-size 256 "
+        "--target-update-frequency 1000 --v-min -10 --v-max 10 --num-seeds 4",
     ),
     (
         "pqn",

@@ -51,6 +51,8 @@ PAIRS = {
     # iqn.py is qr_dqn.py with sampled levels: against both, at its own network, batch and update ratio.
     "iqn-cartpole": ("iqn", "dqn", IQN_FLAGS),
     "iqn-qr_dqn-cartpole": ("iqn", "qr_dqn", IQN_FLAGS),
+    # rainbow.py is c51.py with five components on: the same network, batch and update ratio at their defaults.
+    "rainbow-cartpole-defaults": ("rainbow", "c51", "--env-name CartPole-v1 --num-seeds 8"),
     "ppo_rnd-deepsea": ("ppo_rnd", "ppo", PPO_FLAGS),
 }
 

@@ -166,7 +166,7 @@ def pytest_collection_modifyitems(config, items):
 # Files made from another file, whose observations, actions and buffer are that file's: a suite's
 # env reaches them as it reaches that one (tests/test_suites.py), and the fast loop leaves their runs
 # of the shared tests in SHARED_TEST_MODULES to CI (their own tests, against NumPy, stay in it).
-BUILT_FROM = {"td3": "sac", "c51": "dqn", "qr_dqn": "dqn", "iqn": "dqn", "ppo_rnd": "ppo"}
+BUILT_FROM = {"td3": "sac", "c51": "dqn", "qr_dqn": "dqn", "iqn": "dqn", "ppo_rnd": "ppo", "rainbow": "c51"}
 SHARED_TEST_MODULES = ("test_train", "test_cli")
 
 
@@ -322,6 +322,8 @@ SMALL_TRAIN = {
     "c51": (dict(**DQN_SMALL_TRAIN, num_atoms=11, v_min=-10.0, v_max=10.0), 5, 1e-3),
     "qr_dqn": (dict(**DQN_SMALL_TRAIN, num_quantiles=8), 5, 1e-3),
     "iqn": (dict(**DQN_SMALL_TRAIN, num_taus=4, num_target_taus=5, num_action_taus=3, embedding_dim=8), 5, 3e-4),
+    # c51.py's, with 2-step returns (windows cut at episode ends and at the newest write within the run).
+    "rainbow": (dict(**DQN_SMALL_TRAIN, num_atoms=11, v_min=-10.0, v_max=10.0, n_step=2), 5, 3e-4),
     # Pendulum: every episode ends at the last step, all 4 envs together (so the mean return divides
     # by 4, exact however XLA computes x / n). 4 envs and a train interval of 3 divide neither way:
     # rounds of gradient steps fall between vectorized steps, some of which owe two; learning starts

@@ -158,6 +158,21 @@ ALGORITHMS = {
             "v-min-not-below-v-max": (["--v-min", "5", "--v-max", "5"], "--v-min"),
         },
     ),
+    # c51.py's, and the options rainbow.py adds.
+    "rainbow": Algorithm(
+        small=DQN_SMALL,
+        steps_per_update=200,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+            "one-atom": (["--num-atoms", "1"], "--num-atoms"),
+            "no-n-step": (["--n-step", "0"], "--n-step"),
+            "alpha-above-one": (["--alpha", "1.5"], "--alpha"),
+            "sweep-beta-negative": (["--sweep", "beta_start=0.4,-1"], "beta_start"),
+            "priority-eps-zero": (["--priority-eps", "0"], "--priority-eps"),
+        },
+        first_kernel="NoisyDense_0/kernel",
+    ),
     "qr_dqn": Algorithm(
         small=DQN_SMALL,
         steps_per_update=200,

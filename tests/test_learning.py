@@ -63,6 +63,7 @@ TARGETS = {
     "c51": ("CartPole-v1", SOLVED, _dqn_checks),
     "qr_dqn": ("CartPole-v1", SOLVED, _dqn_checks),
     "iqn": ("CartPole-v1", SOLVED, _dqn_checks),
+    "rainbow": ("CartPole-v1", SOLVED, _dqn_checks),
     "ppo_continuous": ("Pendulum-v1", -250.0, None),
     # DeepSea (size 8): 0.99 for reaching the treasure, about 0 for a seed that never finds it.
     "ppo_rnd": ("DeepSea-bsuite", 0.9, _ppo_rnd_checks),

@@ -110,6 +110,8 @@ ALTERNATIVE = {
     "rnd_lr": 3e-3,
     "update_proportion": 0.5,
     "kappa": 0.5,
+    "beta_start": 0.9,
+    "priority_eps": 0.5,
 }
 
 
@@ -226,6 +228,7 @@ METRICS = {
     "c51": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
     "qr_dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
     "iqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
+    "rainbow": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
     "sac": COMMON_METRICS | {"actor_loss", "q_mean", "entropy", "alpha", "gradient_steps"},
     "td3": COMMON_METRICS | {"actor_loss", "q_mean", "gradient_steps", "actor_steps"},
 }

@@ -1,0 +1,698 @@
+"""Rainbow (Hessel et al. 2018) for discrete-action gymnax environments, in one file:
+`python rainbow.py --env-name Acrobot-v1 --no-noisy --eps-end 0.01` (--help lists every option).
+c51.py's distributional Q-network and projected target, with the five other parts, each a switch of the command line:
+n-step returns (--n-step 1: one step), proportional prioritised replay with importance weights (--no-prioritized:
+c51.py's uniform sampling), a dueling head (--no-dueling), factorised Gaussian noisy layers that explore once epsilon
+is 0 after the first tenth (--no-noisy: give --eps-end), and double Q-learning (--no-double-dqn). The whole run (acting,
+replay-buffer writes, gradient steps and target updates at their env-step intervals) is one jitted function; seeds,
+and sweep points of the float hyperparameters in HParams, are vmapped into one program, each with its own buffer:
+
+    train = make_train(Config(env_name="CartPole-v1"))
+    runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
+
+Needs jax, flax, optax, chex, gymnax and numpy only; importing it defines things and does nothing else.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import pkgutil
+import sys
+import tempfile
+import time
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, NamedTuple
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import serialization
+
+HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+ACTIONS = "discrete"  # the action spaces this algorithm takes
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Each field is a flag (`lr` is --lr), annotated with its help, then the rules its value satisfies."""
+
+    env_name: Annotated[str, "a gymnax environment with discrete actions (gymnax.registered_envs)"] = "CartPole-v1"
+    total_timesteps: Annotated[int, "env steps per run (all envs together)", "total_timesteps < 2**31"] = 300_000
+    num_envs: Annotated[int, "parallel environments per run", "0 < num_envs < 2**31"] = 10
+    num_steps: Annotated[int, "steps per environment in each update (one metrics row)", "0 < num_steps < 2**31"] = 100
+    buffer_size: Annotated[int, "replay buffer capacity per run (>= num_envs)", "0 < buffer_size < 2**31"] = 10_000
+    batch_size: Annotated[int, "transitions per gradient step (128: 6 of 48 seeds missed 475)", "batch_size > 0"] = 256
+    learning_starts: Annotated[int, "env steps before gradient steps begin", "0 <= learning_starts < 2**31"] = 10_000
+    train_frequency: Annotated[int, "env steps (all envs) per gradient step", "0 < train_frequency < 2**31"] = 10
+    target_update_frequency: Annotated[int, "env steps per target update", "0 < target_update_frequency < 2**31"] = 500
+    tau: Annotated[float, "target <- tau * online + (1 - tau) * target (1 copies)", "0 < tau <= 1"] = 1.0
+    double_dqn: Annotated[bool, "double DQN: the online network picks the next action, the target rates it"] = True
+    num_atoms: Annotated[int, "each action's return atoms, evenly spaced in [v_min, v_max]", "num_atoms >= 2"] = 101
+    v_min: Annotated[float, "lowest atom (default: CartPole's returns, up to 100 at gamma 0.99, with room)"] = -150.0
+    v_max: Annotated[float, "highest atom (at 100, CartPole's values piled up on it and 2 of 8 seeds failed)"] = 150.0
+    lr: Annotated[float, "Adam learning rate (start if annealed; 2e-4 learned too slowly)", "0 < lr < inf"] = 1e-3
+    anneal_lr: Annotated[bool, "decay the learning rate linearly to 0 (off: returns dipped late)"] = True
+    gamma: Annotated[float, "discount factor", "0 <= gamma <= 1"] = 0.99
+    max_grad_norm: Annotated[float, "global gradient-norm clip", "0 < max_grad_norm < inf"] = 1000.0
+    n_step: Annotated[int, "rewards summed before the bootstrap (fewer at an episode's end)", "0 < n_step < 2**31"] = 3
+    prioritized: Annotated[bool, "proportional prioritised replay; off: c51.py's uniform strata, weights 1"] = True
+    alpha: Annotated[float, "priority exponent: P(i) is priority_i^alpha / sum (0: uniform)", "0 <= alpha <= 1"] = 0.5
+    beta_start: Annotated[float, "importance-weight exponent at the start, linear to 1", "0 <= beta_start <= 1"] = 0.4
+    priority_eps: Annotated[float, "added to a sample's loss to make its priority", "0 < priority_eps < inf"] = 1e-3
+    dueling: Annotated[bool, "dueling head: per atom, value + advantage - mean advantage over actions"] = True
+    noisy: Annotated[bool, "noisy nets: every layer's weights get learned factorised Gaussian noise"] = True
+    sigma0: Annotated[float, "noisy layers' initial noise scale (sigma0 / sqrt(fan in))", "0 <= sigma0 < inf"] = 0.5
+    eps_start: Annotated[float, "epsilon at the start (0: 3 of 8 seeds kept one action)", "0 <= eps_start <= 1"] = 1.0
+    eps_end: Annotated[float, "epsilon once the decay is over (0: noisy nets explore alone)", "0 <= eps_end <= 1"] = 0.0
+    eps_fraction: Annotated[float, "share of total_timesteps epsilon takes to decay", "0 <= eps_fraction <= 1"] = 0.1
+    activation: Annotated[str, "hidden activation", "activation in ('relu', 'tanh')"] = "relu"
+    hidden_size: Annotated[int, "units per hidden layer (128 made steps 2.5x slower)", "0 < hidden_size < 2**31"] = 64
+    num_layers: Annotated[int, "hidden layers of the Q-network", "0 < num_layers < 2**31"] = 2
+    eval_episodes: Annotated[int, "greedy evaluation episodes per run after training", "eval_episodes > 0"] = 16
+    seed: Annotated[int, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]"] = 0
+    num_seeds: Annotated[int, "independent runs trained side by side (vmapped)", "0 < num_seeds < 2**31"] = 8
+
+    @property
+    def steps_per_update(self) -> int:  # one update's env steps, all envs together (one metrics row)
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.steps_per_update
+
+
+class HParams(NamedTuple):  # the float hyperparameters in which runs of one compiled program may differ (--sweep)
+    lr: jax.Array
+    gamma: jax.Array
+    tau: jax.Array
+    max_grad_norm: jax.Array
+    eps_start: jax.Array
+    eps_end: jax.Array
+    eps_fraction: jax.Array
+    alpha: jax.Array
+    beta_start: jax.Array
+    priority_eps: jax.Array
+
+
+hparams_from = lambda config: HParams(**{f: jnp.float32(getattr(config, f)) for f in HParams._fields})  # noqa: E731
+
+
+def validate(config: Config) -> None:
+    """Refuses a config that cannot run, naming the option and what is allowed (each field's rules, then these)."""
+    validate_hparams(dataclasses.asdict(config))
+    size, envs, steps = config.buffer_size, config.num_envs, config.steps_per_update
+    require(size >= envs, f"--buffer-size {size} must be at least num_envs = {envs} (each env step writes num_envs)")
+    require(steps <= config.total_timesteps, f"--total-timesteps must be at least num_envs * num_steps = {steps}")
+    low, high = config.v_min, config.v_max
+    require(-np.inf < low < high < np.inf, f"--v-min must be below --v-max, both finite, got {low} and {high}")
+
+
+# ---- Networks ----
+def factorised_noise(key: jax.Array, in_dim: int, out_dim: int) -> tuple[jax.Array, jax.Array]:
+    """A layer's noise (Fortunato et al. 2018): f(eps_in) [in_dim] and f(eps_out) [out_dim], f(x) = sign(x) sqrt(|x|)
+    of standard normals; the weights' is their outer product, the bias's f(eps_out): in + out draws, not in * out."""
+    x = jax.random.normal(key, (in_dim + out_dim,))
+    return jnp.split(jnp.sign(x) * jnp.sqrt(jnp.abs(x)), [in_dim])
+
+
+class NoisyDense(nn.Module):  # y = x (mu_w + sigma_w * eps_w) + mu_b + sigma_b * eps_b, or the means alone
+    features: int
+    sigma0: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, noise: bool) -> jax.Array:
+        fan_in, shape = x.shape[-1], (x.shape[-1], self.features)
+        bound, constant = 1 / np.sqrt(fan_in), nn.initializers.constant(self.sigma0 / np.sqrt(fan_in))  # the paper's
+        uniform = lambda key, shape: jax.random.uniform(key, shape, minval=-bound, maxval=bound)  # noqa: E731
+        kernel, kernel_sigma = self.param("kernel", uniform, shape), self.param("kernel_sigma", constant, shape)
+        bias, bias_sigma = self.param("bias", uniform, shape[1:]), self.param("bias_sigma", constant, shape[1:])
+        if not noise:  # greedy evaluation: the mean weights, deterministic
+            return x @ kernel + bias
+        eps_in, eps_out = factorised_noise(self.make_rng("noise"), fan_in, self.features)
+        self.sow("intermediates", "noise", (eps_in, eps_out))  # for the tests
+        return x @ (kernel + kernel_sigma * jnp.outer(eps_in, eps_out)) + bias + bias_sigma * eps_out
+
+
+def dueling(value: jax.Array, advantage: jax.Array) -> jax.Array:
+    """Logits [..., num_actions, num_atoms] from value [..., num_atoms] and advantage [..., num_actions, num_atoms]:
+    value + advantage - the mean advantage over actions, atom by atom (Wang et al. 2016, as Rainbow combines them)."""
+    return value[..., None, :] + advantage - advantage.mean(-2, keepdims=True)
+
+
+class QNetwork(nn.Module):  # an MLP from a flat observation to one distribution's logits per action
+    num_actions: int
+    num_atoms: int
+    hidden_size: int
+    num_layers: int
+    activation: str
+    dueling: bool
+    noisy: bool
+    sigma0: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, noise: bool = False) -> jax.Array:
+        act = getattr(nn, self.activation)  # nn.relu or nn.tanh
+        dense = (lambda n: lambda y: NoisyDense(n, self.sigma0)(y, noise)) if self.noisy else nn.Dense  # c51.py's
+        for _ in range(self.num_layers):
+            x = act(dense(self.hidden_size)(x))
+        logits = dense(self.num_actions * self.num_atoms)(x).reshape(*x.shape[:-1], self.num_actions, self.num_atoms)
+        return dueling(dense(self.num_atoms)(x), logits) if self.dueling else logits  # streams share the torso
+
+
+class Networks(NamedTuple):
+    q: nn.Module  # obs -> [num_actions, num_atoms] logits; its parameters are params["q"] (and the target's)
+
+
+def make_networks(config: Config, num_actions: int) -> Networks:
+    shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
+    heads = dict(dueling=config.dueling, noisy=config.noisy, sigma0=config.sigma0)
+    return Networks(q=QNetwork(num_actions, config.num_atoms, **shape, **heads))
+
+
+def logits_of(network: nn.Module, params, obs: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    """[..., num_actions, num_atoms] logits; noisy layers draw one noise from `key` for the batch, else their means."""
+    return network.apply(params, obs) if key is None else network.apply(params, obs, True, rngs={"noise": key})
+
+
+def q_values(config: Config, network: nn.Module, params, obs: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    """[..., num_actions] Q-values (its distributions' means) of the network with parameters `params`."""
+    return jax.nn.softmax(logits_of(network, params, obs, key), -1) @ support(config)
+
+
+def support(config: Config) -> jax.Array:
+    """The atoms: [num_atoms] returns evenly spaced from v_min to v_max."""
+    return jnp.linspace(config.v_min, config.v_max, config.num_atoms, dtype=jnp.float32)
+
+
+# ---- The algorithm: the prioritised replay buffer, n-step returns, the TD loss, and the training loop ----
+class Transition(NamedTuple):
+    obs: jax.Array  # [..., obs_dim]
+    action: jax.Array  # [...] int32
+    reward: jax.Array  # [...] float32
+    terminated: jax.Array  # [...] bool: a terminal state; a time-limit truncation is not one
+    truncated: jax.Array  # [...] bool: the time limit cut the episode here (n-step windows stop at it)
+    final_obs: jax.Array  # [..., obs_dim] the true next observation (before auto-reset)
+
+
+class ReplayBuffer(NamedTuple):  # a circular store of one run's transitions (one per seed): slots [0, size) filled
+    data: Transition  # every field [capacity, ...]
+    priority: jax.Array  # [capacity] float32: each slot's last loss + priority_eps (max_priority when written)
+    max_priority: jax.Array  # float32: the largest priority given so far, a new transition's
+    position: jax.Array  # int32: where the next transition goes
+    size: jax.Array  # int32, at most capacity
+
+
+def buffer_init(capacity: int, obs_dim: int) -> ReplayBuffer:
+    zeros = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity, *shape), dtype)  # noqa: E731
+    data = Transition(zeros(obs_dim), zeros(dtype=jnp.int32), zeros(), *[zeros(dtype=bool)] * 2, zeros(obs_dim))
+    return ReplayBuffer(data, priority=zeros(), max_priority=jnp.float32(1), position=jnp.int32(0), size=jnp.int32(0))
+
+
+def buffer_add(buffer: ReplayBuffer, batch: Transition) -> ReplayBuffer:
+    """Writes a batch of n <= capacity transitions at `position`, wrapping around the end, at the max priority. One
+    vectorized env step writes its num_envs transitions together, so env e's next transition is num_envs slots on."""
+    capacity, n = buffer.data.action.shape[0], batch.action.shape[0]
+    slots = (buffer.position + jnp.arange(n, dtype=jnp.int32)) % capacity
+    data = jax.tree.map(lambda store, x: store.at[slots].set(x.astype(store.dtype)), buffer.data, batch)
+    size, priority = jnp.minimum(buffer.size + n, capacity), buffer.priority.at[slots].set(buffer.max_priority)
+    return buffer._replace(data=data, priority=priority, position=(buffer.position + n) % capacity, size=size)
+
+
+def uniform_slots(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> jax.Array:
+    """`batch_size` slots of the filled ones, each as likely as any other (batch / size) and, once the buffer
+    holds a batch, none twice: one from each of `batch_size` nearly equal strata of the filled range, rotated by a
+    uniform offset (c51.py's sampling: draws with replacement left more of its CartPole seeds below 475)."""
+    slot_key, shift_key = jax.random.split(key)
+    n, j = buffer.size, jnp.arange(batch_size + 1, dtype=jnp.int32)
+    bounds = j * (n // batch_size) + j * (n % batch_size) // batch_size  # floor(j * n / batch) without int32 overflow
+    slots = jax.random.randint(slot_key, (batch_size,), bounds[:-1], jnp.maximum(bounds[1:], bounds[:-1] + 1))
+    shift = jax.random.randint(shift_key, (), 0, n)
+    return jnp.where(slots >= n - shift, slots - (n - shift), slots + shift)  # (slots + shift) % n, no overflow
+
+
+def prioritized_slots(buffer: ReplayBuffer, key: jax.Array, batch_size: int, alpha, beta) -> tuple:
+    """(slots, importance weights) of `batch_size` draws of filled slots, P(i) = p_i^alpha / sum p^alpha (Schaul et
+    al. 2016, proportional): a uniform draw in each of batch_size equal strata of the cumulative sum, found by binary
+    search (O(capacity)). Weights (size P(i))^-beta over the batch's largest, so they only ever scale steps down."""
+    mass = jnp.where(jnp.arange(buffer.priority.shape[0]) < buffer.size, buffer.priority**alpha, 0.0)
+    cumulative = jnp.cumsum(mass)
+    draws = (jnp.arange(batch_size) + jax.random.uniform(key, (batch_size,))) * (cumulative[-1] / batch_size)
+    slots = jnp.minimum(jnp.searchsorted(cumulative, draws, side="right"), buffer.size - 1)  # rounding at the top
+    weights = (buffer.size * mass[slots] / cumulative[-1]) ** -beta
+    return slots, weights / weights.max()
+
+
+def buffer_prioritize(buffer: ReplayBuffer, slots: jax.Array, priority: jax.Array) -> ReplayBuffer:
+    """The sampled slots' new priorities (a slot drawn twice keeps one of its two: the same loss up to noise)."""
+    new_max = jnp.maximum(buffer.max_priority, priority.max())
+    return buffer._replace(priority=buffer.priority.at[slots].set(priority), max_priority=new_max)
+
+
+class Batch(NamedTuple):  # n-step transitions for the loss
+    obs: jax.Array  # [B, obs_dim]
+    action: jax.Array  # [B] int32
+    reward: jax.Array  # [B] sum_{k<m} gamma^k r_k over the m <= n_step steps of the window
+    discount: jax.Array  # [B] gamma^m, or 0 when the window ended in a termination
+    next_obs: jax.Array  # [B, obs_dim] the window's last true next observation: what is bootstrapped from
+    weight: jax.Array  # [B] importance weight (n_step_batch's 1s; prioritised replay's replace them)
+
+
+def n_step_batch(buffer: ReplayBuffer, slots: jax.Array, n_step: int, num_envs: int, gamma) -> Batch:
+    """Each slot's n-step transition, made at sampling time from the same env's next transitions (num_envs slots on).
+    The window ends at the first step that terminated or was truncated, and at the newest write; m steps bootstrap from
+    the last one's final_obs with gamma^m unless it terminated (a truncation: from the state the time limit cut off)."""
+    data, capacity, k = buffer.data, buffer.priority.shape[0], jnp.arange(n_step)
+    window = (slots[:, None] + k * num_envs) % capacity  # [B, n]: the env's next n transitions' slots
+    written = k * num_envs <= ((buffer.position - 1 - slots) % capacity)[:, None]  # newer than the slot: written
+    ended = data.terminated[window] | data.truncated[window]
+    open_before = jnp.cumprod(jnp.concatenate([jnp.ones_like(ended[:, :1]), ~ended[:, :-1]], 1), 1).astype(bool)
+    valid = written & open_before  # [B, n]: steps inside the window
+    last = jnp.take_along_axis(window, valid.sum(1, keepdims=True) - 1, 1)[:, 0]  # the window's last step's slot
+    reward = (jnp.where(valid, gamma**k * data.reward[window], 0.0)).sum(1)
+    discount = gamma ** valid.sum(1) * (1.0 - data.terminated[last])
+    return Batch(data.obs[slots], data.action[slots], reward, discount, data.final_obs[last], jnp.ones_like(reward))
+
+
+class Runner(NamedTuple):  # everything one run carries from update to update
+    params: Any  # {"q": online Q-network parameters}
+    target_params: Any  # {"q": target network parameters}
+    opt_state: Any
+    buffer: ReplayBuffer
+    episodes: "Episodes"
+    rng: jax.Array
+    hparams: HParams
+
+
+def interval_crossings(before, steps: int, interval: int, learning_starts: int):
+    """How many multiples of `interval` lie in (max(before, learning_starts), before + steps]: the gradient
+    steps (or target updates) that a vectorized step from `before` to `before + steps` env steps owes. Summed
+    over a run, that is exactly max(0, total // interval - learning_starts // interval), whatever num_envs is."""
+    return jnp.maximum(0, (before + steps) // interval - jnp.maximum(before, learning_starts) // interval)
+
+
+def total_gradient_steps(config: Config) -> int:
+    trained = config.num_updates * config.steps_per_update
+    return max(0, trained // config.train_frequency - config.learning_starts // config.train_frequency)
+
+
+def polyak_update(online, target, tau: jax.Array, count: jax.Array):
+    """`count` Polyak updates target <- tau * online + (1 - tau) * target with the same online parameters, in
+    one at rate 1 - (1 - tau)^count. tau = 1 copies."""
+    return optax.incremental_update(online, target, 1.0 - (1.0 - tau) ** jnp.asarray(count, jnp.float32))
+
+
+def epsilon(config: Config, hparams: HParams, env_steps: jax.Array) -> jax.Array:
+    """Linear decay from eps_start to eps_end over eps_fraction of total_timesteps, then flat."""
+    decay_steps = jnp.maximum(hparams.eps_fraction * config.total_timesteps, 1.0)
+    progress = jnp.minimum(env_steps / decay_steps, 1.0)
+    return hparams.eps_start + (hparams.eps_end - hparams.eps_start) * progress
+
+
+def project(probs: jax.Array, shifted: jax.Array, atoms: jax.Array) -> jax.Array:
+    """Projects distributions with mass `probs` [B, K] at returns `shifted` [B, K] onto the evenly spaced
+    `atoms` [K]: each shifted atom, clipped to [v_min, v_max], splits its mass between the two atoms around it
+    in proportion to closeness; the lower one is floor(b), b = (shifted - v_min) / dz, kept below K - 1, so an
+    atom on a grid point keeps all its mass. Two scatter-adds: the [B, K, K] weights are 50x slower on CPU."""
+    num_atoms = atoms.shape[0]
+    dz = (atoms[-1] - atoms[0]) / (num_atoms - 1)
+    b = jnp.clip((shifted - atoms[0]) / dz, 0, num_atoms - 1)  # [B, K]: shifted clipped to [v_min, v_max]
+    lower = jnp.clip(jnp.floor(b), 0, num_atoms - 2)
+    upper_share = b - lower  # in [0, 1]
+    rows, lower = jnp.arange(probs.shape[0])[:, None], lower.astype(jnp.int32)
+    target = jnp.zeros_like(probs).at[rows, lower].add(probs * (1.0 - upper_share))
+    return target.at[rows, lower + 1].add(probs * upper_share)
+
+
+def make_td_loss(config: Config, network: nn.Module) -> Callable:
+    """`td_loss(params, target_params, batch, hp, key) -> (loss, aux)` for Q-network params.
+
+    The target: the target network's distribution of (next_obs, a') shifted to the n-step reward + discount * z and
+    projected (`project`), a' the argmax of the expected value by the target network or (double DQN) the online one;
+    each network draws one noise from `key`. The loss: the importance-weighted mean of the cross entropies (in aux)."""
+    atoms = support(config)
+
+    def td_loss(params, target_params, batch: Batch, hp: HParams, key: jax.Array):
+        online_key, target_key = jax.random.split(key)
+        next_logits_target = logits_of(network, target_params, batch.next_obs, target_key)
+        # One online pass (one noise) for obs and, under double DQN, next_obs: a noisy forward pass costs.
+        both = jnp.concatenate([batch.obs, batch.next_obs]) if config.double_dqn else batch.obs
+        online_logits = logits_of(network, params, both, online_key)
+        chooser = jax.lax.stop_gradient(online_logits[len(batch.obs) :]) if config.double_dqn else next_logits_target
+        next_action = jnp.argmax(jax.nn.softmax(chooser, -1) @ atoms, -1)
+        next_logits = jnp.take_along_axis(next_logits_target, next_action[:, None, None], -2)[:, 0]
+        chex.assert_equal_shape([batch.reward, batch.discount, batch.action, batch.weight, next_action])
+        shifted = batch.reward[:, None] + batch.discount[:, None] * atoms
+        target = jax.lax.stop_gradient(project(jax.nn.softmax(next_logits, -1), shifted, atoms))
+        logits = jnp.take_along_axis(online_logits[: len(batch.obs)], batch.action[:, None, None], -2)[:, 0]
+        chex.assert_shape([target, logits], (batch.action.shape[0], config.num_atoms))
+        cross_entropy = -(target * jax.nn.log_softmax(logits, -1)).sum(-1)
+        loss = (batch.weight * cross_entropy).mean()
+        return loss, {"q": jax.nn.softmax(logits, -1) @ atoms, "target": target, "cross_entropy": cross_entropy}
+
+    return td_loss
+
+
+def make_optimizer(config: Config, hparams: HParams):
+    num_grad_steps = max(1, total_gradient_steps(config))
+    anneal = lambda count: hparams.lr * jnp.maximum(1.0 - count / num_grad_steps, 0.0)  # noqa: E731
+    lr = anneal if config.anneal_lr else hparams.lr
+    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm), optax.adam(learning_rate=lr))
+
+
+def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
+    """`train(rng, hparams=None) -> (runner, metrics of shape [num_updates])`: `train.init(rng, hparams)`, then
+    `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
+    validate(config)
+    env = VecEnv(config.env_name, config.num_envs) if env is None else env
+    network = make_networks(config, env.num_actions).q
+    td_loss = make_td_loss(config, network)
+    T, N = config.num_steps, config.num_envs
+    max_grad_steps = -(-N // config.train_frequency)  # the most one vectorized step can owe (usually 0 or 1 are due)
+
+    def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
+        hparams = hparams_from(config) if hparams is None else hparams
+        rng, params_key, env_key = jax.random.split(rng, 3)
+        params = {"q": network.init(params_key, jnp.zeros((1, env.obs_dim)))}
+        return Runner(
+            params=params,
+            target_params=params,
+            opt_state=make_optimizer(config, hparams).init(params),
+            buffer=buffer_init(config.buffer_size, env.obs_dim),
+            episodes=Episodes.start(*env.reset(env_key)),
+            rng=rng,
+            hparams=hparams,
+        )
+
+    def gradient_step(runner: Runner, key: jax.Array, beta: jax.Array):
+        """One Adam step on a batch of n-step transitions from the buffer (prioritised, with importance weights, or
+        uniform), then the batch's new priorities: (runner, its loss, mean Q and gradient norm)."""
+        sample_key, loss_key = jax.random.split(key)
+        hp, target_params, buffer = runner.hparams, runner.target_params["q"], runner.buffer
+        if config.prioritized:
+            slots, weight = prioritized_slots(buffer, sample_key, config.batch_size, hp.alpha, beta)
+        else:
+            slots, weight = uniform_slots(buffer, sample_key, config.batch_size), jnp.ones(config.batch_size)
+        batch = n_step_batch(buffer, slots, config.n_step, N, hp.gamma)._replace(weight=weight)
+        loss_fn = lambda params: td_loss(params["q"], target_params, batch, hp, loss_key)  # noqa: E731
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params)
+        updates, opt_state = make_optimizer(config, hp).update(grads, runner.opt_state)
+        stats = dict(loss=loss, q_mean=aux["q"].mean(), grad_norm=optax.tree.norm(grads))
+        if config.prioritized:
+            buffer = buffer_prioritize(buffer, slots, aux["cross_entropy"] + hp.priority_eps)
+        params = optax.apply_updates(runner.params, updates)
+        return runner._replace(params=params, opt_state=opt_state, buffer=buffer), stats
+
+    def learn(runner: Runner, before: jax.Array, key: jax.Array):
+        """The gradient steps and target updates due in a vectorized step from `before` env steps: one per multiple
+        of its interval that the env-step count crossed, so any num_envs keeps the schedule. Returns (runner, (the
+        [max_grad_steps] steps' stats, which were taken, target updates))."""
+        num_grad = interval_crossings(before, N, config.train_frequency, config.learning_starts)
+        untaken = dict.fromkeys(("loss", "q_mean", "grad_norm"), jnp.float32(0))
+        skip, beta_start = lambda runner, key, beta: (runner, untaken), runner.hparams.beta_start  # noqa: E731
+        beta = beta_start + (1.0 - beta_start) * jnp.minimum(before / config.total_timesteps, 1.0)  # linear to 1
+
+        def maybe_step(runner: Runner, inputs):
+            i, key = inputs
+            return jax.lax.cond(i < num_grad, gradient_step, skip, runner, key, beta)
+
+        steps = jnp.arange(max_grad_steps)
+        runner, stats = jax.lax.scan(maybe_step, runner, (steps, jax.random.split(key, max_grad_steps)))
+        num_target = interval_crossings(before, N, config.target_update_frequency, config.learning_starts)
+        polyak = lambda target: polyak_update(runner.params, target, runner.hparams.tau, num_target)  # noqa: E731
+        target = jax.lax.cond(num_target > 0, polyak, lambda target: target, runner.target_params)
+        return runner._replace(target_params=target), (stats, steps < num_grad, num_target)
+
+    def update(runner: Runner, update_index: jax.Array):
+        hp = runner.hparams
+        rng, steps_key = jax.random.split(runner.rng)
+
+        def env_step(runner: Runner, inputs):
+            """One vectorized env step into the buffer (epsilon-greedy on the Q-values of one draw of the noisy layers'
+            noise, shared by the envs), then the gradient steps and target updates."""
+            t, key = inputs
+            act_key, noise_key, env_key, learn_key = jax.random.split(key, 4)
+            before = (update_index * T + t) * N  # env steps of this run before this vectorized step
+            # Same for every seed and sweep point (not batched under vmap): the conds in learn stay conds.
+            eps = epsilon(config, hp, before)
+            obs = runner.episodes.obs
+            action = sample_action(act_key, q_values(config, network, runner.params["q"], obs, noise_key), eps)
+            step = env.step(env_key, runner.episodes.env_state, action)
+            transition = Transition(obs, action, step.reward, step.terminated, step.truncated, step.final_obs)
+            runner = runner._replace(buffer=buffer_add(runner.buffer, transition), episodes=runner.episodes.after(step))
+            runner, (stats, taken, num_target) = learn(runner, before, learn_key)
+            return runner, (stats, taken, num_target, eps)
+
+        steps = (jnp.arange(T, dtype=jnp.int32), jax.random.split(steps_key, T))
+        start = runner._replace(episodes=runner.episodes.counting())
+        runner, (stats, taken, num_target, eps) = jax.lax.scan(env_step, start, steps)
+        # The gradient steps' means (0 / 0, NaN, in an update without any: never a stale or zero-filled value).
+        means = {name: jnp.where(taken, value, 0.0).sum() / taken.sum() for name, value in stats.items()}
+        metrics = {
+            "env_steps": (update_index + 1) * T * N,
+            **runner.episodes.metrics(),
+            **means,
+            "epsilon": eps[-1],  # that of the update's last env step
+            "gradient_steps": taken.sum(),
+            "target_updates": num_target.sum(),
+            "finite": jnp.isfinite(stats["loss"]).all() & jnp.isfinite(optax.tree.norm(runner.params)),
+        }
+        return runner._replace(rng=rng), metrics
+
+    def train(rng: jax.Array, hparams: HParams | None = None):
+        return jax.lax.scan(update, init(rng, hparams), jnp.arange(config.num_updates, dtype=jnp.int32))
+
+    train.init, train.update = init, update
+    return train
+
+
+# ---- The policy's action ----
+def sample_action(key: jax.Array, q: jax.Array, epsilon: jax.Array) -> jax.Array:
+    """Epsilon-greedy on [..., num_actions] Q-values: a uniformly random action with probability epsilon."""
+    explore_key, action_key = jax.random.split(key)
+    explore = jax.random.uniform(explore_key, q.shape[:-1]) < epsilon
+    return jnp.where(explore, jax.random.randint(action_key, q.shape[:-1], 0, q.shape[-1]), jnp.argmax(q, -1))
+
+
+def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -> Callable:
+    """`act(params, obs, key) -> action` for one observation in the env's own shape (vmap it for a batch): the
+    action of the highest Q-value (expected return) of the online network at its noisy layers' mean weights
+    (deterministic), or (greedy=False) as in training: noise drawn from `key`, then epsilon-greedy at eps_end."""
+    network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions).q
+
+    def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
+        obs, (noise_key, action_key) = obs.reshape(-1).astype(jnp.float32), jax.random.split(key)
+        q = q_values(config, network, params["q"], obs, None if greedy else noise_key)
+        return jnp.argmax(q) if greedy else sample_action(action_key, q, config.eps_end)
+
+    return act
+
+
+def saved_params(runner: Runner) -> dict:
+    return runner.params  # what params.msgpack holds and `make_evaluate` takes: the online Q-network's parameters
+
+
+# --------------------------------------------------------------------------------------
+# Running this file (the same in every algorithm file: tests/test_files.py): checks, env loop, evaluation, command line
+# --------------------------------------------------------------------------------------
+class ConfigError(ValueError):
+    """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate_hparams(values: dict) -> None:
+    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point."""
+    rules = {field.name: typing.get_args(field.type)[2:] for field in dataclasses.fields(Config)}
+    for name, value in values.items():
+        for rule in rules[name]:
+            ok = eval(rule, {name: value, "inf": np.inf})
+            require(ok, f"--{name.replace('_', '-')} must satisfy {rule}, got {value!r}")
+
+
+class EnvStep(NamedTuple):
+    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    state: Any
+    reward: jax.Array  # [num_envs] float32
+    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
+    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
+    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+
+
+class VecEnv:
+    """`num_envs` copies of a gymnax env under `jax.vmap` of its own `step` (auto-reset, final observation)."""
+
+    def __init__(self, env_name: str, num_envs: int):
+        import gymnax  # here: importing it computes with JAX, which must wait for configure_xla's flags
+
+        require(env_name in gymnax.registered_envs, f"--env-name {env_name!r} is not in gymnax.registered_envs")
+        self.env, self.params = gymnax.make(env_name)
+        self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
+        space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
+        kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
+        require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
+        self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
+        bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
+        self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
+
+    def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
+        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+
+    def reset(self, key: jax.Array):
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
+        return self.flat(obs), state
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
+        keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
+        step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, self.params)
+        obs, state, reward, terminated, truncated, info = step
+        final_obs = self.flat(info["final_observation"])
+        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+
+
+class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)
+    env_state: Any
+    obs: jax.Array  # [num_envs, obs_dim]
+    episode_return: jax.Array  # [num_envs] return so far
+    episode_length: jax.Array  # [num_envs] int32 steps so far
+    ended: jax.Array = None  # [3] since counting began: episodes ended, their returns summed, their lengths summed
+
+    @classmethod
+    def start(cls, obs: jax.Array, env_state: Any) -> "Episodes":
+        return cls(env_state, obs, jnp.zeros(obs.shape[0]), jnp.zeros(obs.shape[0], jnp.int32)).counting()
+
+    def counting(self) -> "Episodes":
+        return self._replace(ended=jnp.zeros(3))
+
+    def after(self, step: EnvStep) -> "Episodes":  # those that ended in `step` are counted and begin anew
+        done, ret, length = step.terminated | step.truncated, self.episode_return + step.reward, self.episode_length + 1
+        ended = self.ended + jnp.where(done, jnp.stack([jnp.ones_like(ret), ret, length]), 0).sum(-1)
+        return Episodes(step.state, step.obs, jnp.where(done, 0.0, ret), jnp.where(done, 0, length), ended)
+
+    def metrics(self) -> dict:  # the mean return and length of the episodes counted: NaN when none ended
+        count, ret, length = self.ended  # 0 / 0 is NaN
+        return dict(episode_return=ret / count, episode_length=length / count, episodes_finished=jnp.int32(count))
+
+
+def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
+    """`evaluate(params, rng) -> mean return` of greedy episodes, one per env of `env` (default: eval_episodes)."""
+    validate(config)
+    env = VecEnv(config.env_name, config.eval_episodes) if env is None else env
+    act = make_act(config, env=env)
+    start = getattr(act, "memory", None)  # a recurrent policy's memory at an episode's start (None: it has none)
+    batched = jax.vmap(act if start is not None else lambda p, o, k, m: (act(p, o, k), m), (None, 0, 0, 0))
+
+    class Evaluating(NamedTuple):  # what evaluation carries from step to step
+        env_state: Any
+        obs: jax.Array
+        memory: Any  # a recurrent policy's memory, per env
+        total: jax.Array  # [episodes] return so far: each env's first episode is scored, and only it
+        alive: jax.Array  # [episodes] bool: that episode has not ended yet
+        rng: jax.Array
+        t: jax.Array  # env steps taken
+
+    def evaluate(params, rng: jax.Array) -> jax.Array:
+        def env_step(carry: Evaluating) -> Evaluating:
+            rng, act_key, env_key = jax.random.split(carry.rng, 3)
+            action, memory = batched(params, carry.obs, jax.random.split(act_key, env.num_envs), carry.memory)
+            step = env.step(env_key, carry.env_state, action)
+            total = carry.total + jnp.where(carry.alive, step.reward, 0.0)
+            alive = carry.alive & ~(step.terminated | step.truncated)
+            return Evaluating(step.state, step.obs, memory, total=total, alive=alive, rng=rng, t=carry.t + 1)
+
+        reset_key, rng = jax.random.split(rng)
+        obs, env_state = env.reset(reset_key)
+        memory = jax.tree.map(lambda m: jnp.broadcast_to(m, (env.num_envs, *jnp.shape(m))), start)
+        first = Evaluating(env_state, obs, memory, jnp.zeros(env.num_envs), jnp.ones(env.num_envs, bool), rng, t=0)
+        running = lambda carry: carry.alive.any() & (carry.t < env.max_episode_steps)  # noqa: E731
+        return jax.lax.while_loop(running, env_step, first).total.mean()
+
+    return evaluate
+
+
+def load_run(run_dir: str, seed: int = 0, point: int = 0):
+    """(config, params) of one run in a run directory of this file (alone or the harness's): the Config with its sweep
+    point's values (--pbt: the member's last) and its part of params.msgpack, whose arrays are [points, seeds, ...]."""
+    with np.load(pathlib.Path(run_dir, "metrics.npz")) as metrics:
+        values = {name[6:]: metrics[name][point] for name in metrics.files if name.startswith("sweep_")}
+        values |= {name[4:]: metrics[name][point, seed, -1] for name in metrics.files if name.startswith("pbt_")}
+    saved = json.loads(pathlib.Path(run_dir, "config.json").read_text()) | {k: v.item() for k, v in values.items()}
+    params = serialization.msgpack_restore(pathlib.Path(run_dir, "params.msgpack").read_bytes())
+    config = Config(**{field.name: saved[field.name] for field in dataclasses.fields(Config)})
+    return config, jax.tree.map(lambda x: x[point, seed], params)
+
+
+def configure_xla() -> None:
+    """Unless XLA_FLAGS has them: the concurrent CPU scheduler off (it deadlocked vmapped training), faster compiles."""
+    cpu = not any(module.name.startswith(("jax_cuda", "jax_rocm", "libtpu")) for module in pkgutil.iter_modules())
+    flags, given = ["xla_cpu_enable_concurrency_optimized_scheduler=false"], os.environ.get("XLA_FLAGS", "")
+    flags += ["xla_backend_optimization_level=1"] * cpu
+    os.environ["XLA_FLAGS"] = " ".join([given] + [f"--{f}" for f in flags if f.split("=")[0] not in given]).strip()
+
+
+def train_with_progress(config: Config, train: Callable):
+    """Every seed's run in one compiled program, printing the mean return and env steps/s every tenth of it."""
+    total, every, start = config.num_updates, -(-config.num_updates // 10), time.perf_counter()
+
+    def report(index, mean_return):
+        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - start)
+        print(f"update {index + 1}/{total}: return {mean_return:.1f}, {speed:,.0f} env steps/s so far", flush=True)
+
+    def update(runners, index: jax.Array):  # every seed's update, and a report every tenth of the run
+        runners, metrics = jax.vmap(train.update, in_axes=(0, None))(runners, index)
+        mean_return, tenth = jnp.nanmean(metrics["episode_return"]), ((index + 1) % every == 0) | (index + 1 == total)
+        jax.lax.cond(tenth, lambda: jax.debug.callback(report, index, mean_return, ordered=True), lambda: None)
+        return runners, metrics
+
+    keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+    run = lambda keys: jax.lax.scan(update, jax.lax.map(train.init, keys), jnp.arange(total))  # noqa: E731
+    runner, metrics = jax.device_get(jax.jit(run)(keys))  # init by lax.map (not vmap), as the harness does on CPU
+    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}  # [seeds, updates]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """This file alone, writing a run directory as the harness does; exit 2: bad input (nothing written), 3: NaN."""
+    configure_xla()  # before JAX's first computation
+    name, fields = os.path.basename(__file__), dataclasses.fields(Config)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
+    for field in fields:
+        (kind, doc, *rules), option = typing.get_args(field.type), "--" + field.name.replace("_", "-")
+        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        parser.add_argument(option, default=field.default, help="; ".join([doc, *rules]), **parse)
+    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        require(not unknown, f"{' '.join(unknown)}: not an option of {name} alone (--help), but of the run harness")
+        config = Config(**{field.name: getattr(args, field.name) for field in fields})
+        train, evaluate = make_train(config), make_evaluate(config)
+        os.makedirs(args.runs_dir, exist_ok=True)
+        prefix = f"{name[:-3]}-{config.env_name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-"
+        run_dir = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=args.runs_dir))
+    except (argparse.ArgumentError, ConfigError, OSError) as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return 2
+    print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
+    (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
+    runner, metrics = train_with_progress(config, train)
+    params, keys = saved_params(runner), jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
+    greedy = np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
+    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy))
+    (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(params)))
+    for update, seed in np.argwhere(~metrics["finite"].T)[:1]:  # [update, seed] where NaN or inf first appeared
+        print(f"error: NaN or inf first appeared at update {update + 1}, seed index {seed}", file=sys.stderr)
+    print(f"greedy return per seed {np.round(greedy, 1).tolist()}\nresults: {run_dir}", flush=True)
+    return 0 if metrics["finite"].all() else 3
+
+
+if __name__ == "__main__":  # in the repository, the run harness beside this file takes over
+    harness = os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "onefile_harness"))
+    sys.exit(__import__("onefile_harness").command_line(sys.modules[__name__]) if harness else main())
