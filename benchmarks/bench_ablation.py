@@ -19,8 +19,9 @@ import os
 import tempfile
 
 import numpy as np
+from bench_variants import figures, returns_cell
 
-from common import describe, machine, run_cli, stats, write_markdown
+from common import describe, machine, run_cli, write_markdown
 
 # row: the flags that switch one component off (rainbow.py's own switches). Without noisy nets the agent
 # explores epsilon-greedily as c51.py does (1 -> 0.01 over the first 30% of steps).
@@ -38,27 +39,7 @@ def measure(label: str, env: str, flags: str, seeds: int, scratch: str) -> dict:
     argv = ["--env-name", env, "--num-seeds", str(seeds), *flags.split(), *ABLATIONS[label].split()]
     with tempfile.TemporaryDirectory() as cache:  # a cold compile, as on a new machine
         result = run_cli("rainbow", argv, scratch, cache)
-    metrics, summary = result["metrics"], result["summary"]
-    finals = stats.final_returns(metrics).reshape(-1)
-    return {
-        "row": label,
-        "env_name": env,
-        "flags": argv,
-        "env_steps_per_seed": summary["trained_timesteps"],
-        "final_return_per_seed": [None if np.isnan(x) else float(x) for x in finals],
-        "eval_return_per_seed": [float(x) for x in metrics["eval_return"].reshape(-1)],
-        "steps_per_second": summary["steps_per_second"],
-        "compile_seconds": summary["compile_seconds"],
-        "train_seconds": summary["train_seconds"],
-        "machine": machine(),
-    }
-
-
-def cell(values: list) -> str:
-    values = np.array([np.nan if v is None else v for v in values], float)
-    if np.isnan(values).all():
-        return "– ± –"
-    return f"{np.nanmean(values):.1f} ± {np.nanstd(values):.1f} (lowest {np.nanmin(values):.1f})"
+    return {"row": label, "env_name": env, "flags": argv, **figures(result), "machine": machine()}
 
 
 def table(rows: list, env: str) -> list:
@@ -80,9 +61,9 @@ def table(rows: list, env: str) -> list:
         both = ((np.nan_to_num(finals, nan=-np.inf) >= 475) & (np.array(row["eval_return_per_seed"]) >= 475)).sum()
         passed = f"{both} of {len(finals)}" if env.startswith("CartPole") else "–"
         lines.append(
-            f"| {row['row']} | {len(finals)} | {row['env_steps_per_seed']:,} | {cell(row['final_return_per_seed'])} "
-            f"| {cell(row['eval_return_per_seed'])} | {passed} | {row['train_seconds']:.1f} "
-            f"| {row['steps_per_second']:,.0f} | `{ABLATIONS[row['row']]}` |"
+            f"| {row['row']} | {len(finals)} | {row['env_steps_per_seed']:,} "
+            f"| {returns_cell(row['final_return_per_seed'])} | {returns_cell(row['eval_return_per_seed'])} | {passed} "
+            f"| {row['train_seconds']:.1f} | {row['steps_per_second']:,.0f} | `{ABLATIONS[row['row']]}` |"
         )
     return lines
 
