@@ -340,16 +340,16 @@ def make_td_loss(config: Config, network: nn.Module) -> Callable:
     def td_loss(params, target_params, batch: Batch, hp: HParams, key: jax.Array):
         online_key, target_key = jax.random.split(key)
         next_logits_target = logits_of(network, target_params, batch.next_obs, target_key)
-        # One online pass (one noise) for obs and, under double DQN, next_obs: a noisy forward pass costs.
-        both = jnp.concatenate([batch.obs, batch.next_obs]) if config.double_dqn else batch.obs
-        online_logits = logits_of(network, params, both, online_key)
-        chooser = jax.lax.stop_gradient(online_logits[len(batch.obs) :]) if config.double_dqn else next_logits_target
+        online_logits = logits_of(network, params, batch.obs, online_key)
+        # Double DQN: the online network (the same noise: the same key) picks a'; no gradient flows through the choice.
+        next_online = lambda: logits_of(network, jax.lax.stop_gradient(params), batch.next_obs, online_key)  # noqa: E731
+        chooser = next_online() if config.double_dqn else next_logits_target
         next_action = jnp.argmax(jax.nn.softmax(chooser, -1) @ atoms, -1)
         next_logits = jnp.take_along_axis(next_logits_target, next_action[:, None, None], -2)[:, 0]
         chex.assert_equal_shape([batch.reward, batch.discount, batch.action, batch.weight, next_action])
         shifted = batch.reward[:, None] + batch.discount[:, None] * atoms
         target = jax.lax.stop_gradient(project(jax.nn.softmax(next_logits, -1), shifted, atoms))
-        logits = jnp.take_along_axis(online_logits[: len(batch.obs)], batch.action[:, None, None], -2)[:, 0]
+        logits = jnp.take_along_axis(online_logits, batch.action[:, None, None], -2)[:, 0]
         chex.assert_shape([target, logits], (batch.action.shape[0], config.num_atoms))
         cross_entropy = -(target * jax.nn.log_softmax(logits, -1)).sum(-1)
         loss = (batch.weight * cross_entropy).mean()
