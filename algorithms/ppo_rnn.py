@@ -40,7 +40,7 @@ ACTIONS = "discrete"  # the action spaces this algorithm takes
 class Config:
     """Each field is a flag (`lr` is --lr), annotated with its help, then the rules its value satisfies."""
 
-    env_name: Annotated[str, "a discrete-action gymnax env, or CartPole-v1-no-velocity"] = "CartPole-v1-no-velocity"
+    env_name: Annotated[str, "a discrete-action gymnax env, or one of MEMORY_ENVS"] = "CartPole-v1-no-velocity"
     total_timesteps: Annotated[int, "env steps per run (all envs together)", "total_timesteps < 2**31"] = 299_520
     num_envs: Annotated[int, "parallel environments per run", "0 < num_envs < 2**31"] = 16
     num_steps: Annotated[int, "steps per environment in each rollout", "0 < num_steps < 2**31"] = 32
@@ -85,24 +85,22 @@ hparams_from = lambda config: HParams(**{f: jnp.float32(getattr(config, f)) for 
 
 def validate(config: Config) -> None:
     """Refuses a config that cannot run, naming the option and what is allowed (each field's rules, then these);
-    registers PARTIAL_ENVS with gymnax (make_train and make_evaluate call it first: their VecEnv finds them)."""
+    registers MEMORY_ENVS with gymnax (make_train and make_evaluate call it first: their VecEnv finds them)."""
     validate_hparams(dataclasses.asdict(config))
     envs, minibatches, batch = config.num_envs, config.num_minibatches, config.steps_per_update
     whole = "(each minibatch is whole env sequences)"
     require(envs % minibatches == 0, f"--num-minibatches {minibatches} must divide --num-envs {envs} {whole}")
     require(batch <= config.total_timesteps, f"--total-timesteps must be at least num_envs * num_steps = {batch}")
-    register_partial_envs()
+    register_memory_envs()
 
 
 # ---- Partially observable environments ----
-def observation_subset(name: str, **kwargs):
-    """The env PARTIAL_ENVS[name]: a gymnax env showing only some entries of its observation, its dynamics,
-    rewards, termination, time limit, params and name (gymnax draws it) the env's own: its class, extended here
-    (gymnax is imported only where an env is made). `kwargs` are gymnax.make's."""
+def observation_subset(base_name: str, keep: list, **kwargs):
+    """A gymnax env showing only the entries `keep` of `base_name`'s observation, its dynamics, rewards, termination,
+    time limit, params and name (gymnax draws it) the env's own: its class, extended here (gymnax is imported only
+    where an env is made). `kwargs` are gymnax.make's."""
     import gymnax
     from gymnax.environments import spaces
-
-    base_name, keep = PARTIAL_ENVS[name]
 
     class ObservationSubset(type(gymnax.make(base_name)[0])):
         def step_env(self, key, state, action, params):
@@ -121,18 +119,34 @@ def observation_subset(name: str, **kwargs):
     return ObservationSubset(**kwargs)
 
 
-# Partially observable versions of gymnax envs: name -> (gymnax env, observation entries kept). CartPole
-# without velocities (cart position, pole angle) can only be balanced by an agent with memory.
-PARTIAL_ENVS = {"CartPole-v1-no-velocity": ("CartPole-v1", [0, 2])}
-
-
-def register_partial_envs() -> None:
-    """Registers PARTIAL_ENVS with gymnax (those not registered yet), for VecEnv."""
+def memory_chain(memory_length: int, **kwargs):
+    """bsuite's MemoryChain (gymnax's) with `memory_length` steps between the context, seen at the start, and the one
+    rewarded choice (+1 if it matches the context, else -1), an episode of memory_length + 1 steps; gymnax's is 5."""
     import gymnax
 
-    for name in PARTIAL_ENVS:
+    class LongerMemoryChain(type(gymnax.make("MemoryChain-bsuite")[0])):
+        @property
+        def default_params(self):
+            return super().default_params.replace(memory_length=memory_length)
+
+    return LongerMemoryChain(**kwargs)
+
+
+# Environments that only an agent with memory can solve, by name. CartPole without velocities (cart position, pole
+# angle): the velocities must be inferred from past steps. MemoryChain-bsuite-n: one bit kept for n steps.
+MEMORY_ENVS = {
+    "CartPole-v1-no-velocity": functools.partial(observation_subset, "CartPole-v1", [0, 2]),
+    **{f"MemoryChain-bsuite-{n}": functools.partial(memory_chain, n) for n in (30, 60, 100)},
+}
+
+
+def register_memory_envs() -> None:
+    """Registers MEMORY_ENVS with gymnax (those not registered yet), for VecEnv."""
+    import gymnax
+
+    for name, make in MEMORY_ENVS.items():
         if name not in gymnax.registered_envs:
-            gymnax.register(name, functools.partial(observation_subset, name))
+            gymnax.register(name, make)
 
 
 # ---- Networks ----
@@ -372,7 +386,7 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     """`act(params, obs, key, memory) -> (action, memory)` for one observation in the env's own shape (vmap it for a
     batch), memory the GRU state, `act.memory` (zeros) where an episode begins: the most probable action, or
     (greedy=False) one drawn from the softmax as in training."""
-    register_partial_envs()  # so that VecEnv finds CartPole-v1-no-velocity
+    register_memory_envs()  # so that VecEnv finds CartPole-v1-no-velocity
     network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions)
 
     def act(params, obs: jax.Array, key: jax.Array, memory: jax.Array):

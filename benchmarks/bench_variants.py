@@ -4,10 +4,11 @@
     python benchmarks/bench_variants.py --only c51-cartpole --rounds 3
 
 c51.py, qr_dqn.py and iqn.py are dqn.py with a distributional head and loss; ppo_rnd.py is ppo.py with
-random network distillation. Each pair runs the same flags (network, envs, batch, update ratio,
-budget, seeds; a `-defaults` pair only env and seeds, each file at its own defaults) from the
-files' command lines in fresh processes, `rounds` times, alternating which goes first, so that the
-speed ratio is taken within one time window on this noisy host. Returns are the same every round
+random network distillation; ppo_trxl.py is ppo_rnn.py with a transformer for the GRU. Each pair runs
+the same flags (network, envs, batch, update ratio, budget, seeds; a `-defaults` pair only env and
+seeds, each file at its own defaults) from the files' command lines in fresh processes, `rounds`
+times, alternating which goes first, so that the speed ratio is taken within one time window on this
+noisy host. Returns are the same every round
 (a seed's run is deterministic): the table shows the first round's.
 
 Writes into --out (benchmarks/results by default), named by backend:
@@ -42,6 +43,11 @@ PPO_FLAGS = (
     "--env-name DeepSea-bsuite --total-timesteps 500000 --num-envs 16 --num-steps 32 --update-epochs 4 "
     "--num-minibatches 4 --hidden-size 64 --num-seeds 8"
 )
+# ppo_trxl.py's defaults written out for both files (ppo_rnn.py's but the learning rate).
+TRXL_FLAGS = (
+    "--env-name CartPole-v1-no-velocity --total-timesteps 299520 --num-envs 16 --num-steps 32 --update-epochs 4 "
+    "--num-minibatches 4 --lr 3e-3 --num-seeds 8"
+)
 # pair: (the new file, the file it was built from, the flags both run)
 PAIRS = {
     "c51-cartpole": ("c51", "dqn", DQN_FLAGS),
@@ -54,6 +60,9 @@ PAIRS = {
     # rainbow.py is c51.py with five components on: the same network, batch and update ratio at their defaults.
     "rainbow-cartpole-defaults": ("rainbow", "c51", "--env-name CartPole-v1 --num-seeds 8"),
     "ppo_rnd-deepsea": ("ppo_rnd", "ppo", PPO_FLAGS),
+    # ppo_trxl.py is ppo_rnn.py with a transformer's memory in place of the GRU: the same PPO, envs, rollout and
+    # width (32) at ppo_trxl.py's learning rate.
+    "ppo_trxl-cartpole-nv": ("ppo_trxl", "ppo_rnn", TRXL_FLAGS),
 }
 
 

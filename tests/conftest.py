@@ -166,7 +166,9 @@ def pytest_collection_modifyitems(config, items):
 # Files made from another file, whose observations, actions and buffer are that file's: a suite's
 # env reaches them as it reaches that one (tests/test_suites.py), and the fast loop leaves their runs
 # of the shared tests in SHARED_TEST_MODULES to CI (their own tests, against NumPy, stay in it).
-BUILT_FROM = {"td3": "sac", "c51": "dqn", "qr_dqn": "dqn", "iqn": "dqn", "ppo_rnd": "ppo", "rainbow": "c51"}
+BUILT_FROM = {
+    "td3": "sac", "c51": "dqn", "qr_dqn": "dqn", "iqn": "dqn", "ppo_rnd": "ppo", "rainbow": "c51", "ppo_trxl": "ppo_rnn"
+}  # fmt: skip
 SHARED_TEST_MODULES = ("test_train", "test_cli")
 
 
@@ -300,6 +302,23 @@ SMALL_TRAIN = {
         ),
         6,
         1e-3,
+    ),
+    # ppo_rnn.py's, with a two-layer transformer of width 8 whose memory (4 steps) is shorter than the window.
+    "ppo_trxl": (
+        dict(
+            env_name="CartPole-v1-no-velocity",
+            num_envs=4,
+            num_steps=16,
+            total_timesteps=4 * 16 * 6,
+            num_minibatches=2,
+            update_epochs=2,
+            num_seeds=1,
+            embed_size=8,
+            num_heads=2,
+            memory_len=4,
+        ),
+        6,
+        3e-4,
     ),
     # Pendulum episodes last 200 steps: they all end in the last update. Kept that short on purpose:
     # Pendulum's dynamics amplify batched-vs-single rounding (~1e-7) about 10x per 40 steps, past

@@ -116,6 +116,19 @@ ALGORITHMS = {
         obs_dim=2,
         first_kernel="input_gates/kernel",
     ),
+    "ppo_trxl": Algorithm(
+        small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
+        steps_per_update=128,
+        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
+        bad_inputs={
+            "minibatches-do-not-divide-envs": (["--num-envs", "4", "--num-minibatches", "3"], "--num-minibatches"),
+            "heads-do-not-divide-width": (["--num-heads", "3"], "--num-heads"),
+            "unknown-positional-encoding": (["--positional-encoding", "rope"], "--positional-encoding"),
+        },
+        env="CartPole-v1-no-velocity",
+        obs_dim=2,
+        first_kernel="embed/kernel",
+    ),
     "ppo_rnd": Algorithm(
         small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
         steps_per_update=128,
@@ -574,7 +587,7 @@ def act_loop(module, config, params, rng: jax.Array) -> np.ndarray:
     vec_env, memory = module.VecEnv(config.env_name, 1), getattr(act, "memory", None)
     env, env_params = vec_env.env, vec_env.params
     if memory is not None:
-        memory = np.broadcast_to(memory, (n, *memory.shape))
+        memory = jax.tree.map(lambda m: np.broadcast_to(m, (n, *np.shape(m))), memory)  # an array or a pytree
 
     @jax.jit
     def act_and_step(params, obs, state, memory, rng):

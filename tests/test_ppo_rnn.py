@@ -22,7 +22,7 @@ SHORT_LIMIT = 12  # a CartPole time limit that random play reaches often, next t
 @pytest.fixture(scope="module")
 def rnn():
     module = load_algorithm("ppo_rnn")
-    module.validate(module.Config())  # registers PARTIAL_ENVS with gymnax, as make_train does first
+    module.validate(module.Config())  # registers MEMORY_ENVS with gymnax, as make_train does first
     return module
 
 

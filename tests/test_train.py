@@ -218,6 +218,7 @@ COMMON_METRICS = {"env_steps", "episode_return", "episode_length", "episodes_fin
 METRICS = {
     "ppo": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
     "ppo_rnn": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
+    "ppo_trxl": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
     "ppo_rnd": COMMON_METRICS
     | {"policy_loss", "value_loss", "value_loss_int", "entropy", "approx_kl", "clip_fraction", "intrinsic_reward"}
     | {"rnd_loss"},

@@ -1,0 +1,664 @@
+"""PPO with a Transformer-XL memory (Dai et al. 2019; --gating --layer-norm: the GTrXL of Parisotto et al. 2019) for
+partially observable discrete-action gymnax environments, in one file: `python ppo_trxl.py` (CartPole-v1 without
+velocities; --env-name MemoryChain-bsuite-60 --memory-len 64, say; --help lists every option). Each step embeds the
+observation and, layer by layer, attends over that layer's inputs at the last `memory_len` steps of the same episode
+(a cache carried from step to step as a GRU carries its state). The update replays each env's whole rollout window
+from the cache the rollout began with, so its first pass reproduces the acting policy. The whole run (rollout, GAE,
+epochs of minibatch updates) is one jitted function; seeds, and sweep points of the float hyperparameters in HParams,
+are vmapped into one program:
+
+    train = make_train(Config(env_name="CartPole-v1-no-velocity"))
+    runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
+
+Needs jax, flax, optax, chex, gymnax and numpy only; importing it defines things and does nothing else.
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import pkgutil
+import sys
+import tempfile
+import time
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, NamedTuple
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import serialization
+
+HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+ACTIONS = "discrete"  # the action spaces this algorithm takes
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Each field is a flag (`lr` is --lr), annotated with its help, then the rules its value satisfies."""
+
+    env_name: Annotated[str, "a discrete-action gymnax env, or one of MEMORY_ENVS"] = "CartPole-v1-no-velocity"
+    total_timesteps: Annotated[int, "env steps per run (all envs together)", "total_timesteps < 2**31"] = 299_520
+    num_envs: Annotated[int, "parallel environments per run", "0 < num_envs < 2**31"] = 16
+    num_steps: Annotated[int, "steps per env in each rollout (the replayed window)", "0 < num_steps < 2**31"] = 32
+    update_epochs: Annotated[int, "passes over each rollout batch", "0 < update_epochs < 2**31"] = 4
+    num_minibatches: Annotated[int, "minibatches per epoch, of whole envs; divides num_envs", "num_minibatches > 0"] = 4
+    lr: Annotated[float, "Adam learning rate (start value when annealed; 2e-3: 443.1)", "0 < lr < inf"] = 3e-3
+    anneal_lr: Annotated[bool, "decay the learning rate linearly to 0 over all gradient steps"] = True
+    gamma: Annotated[float, "discount factor", "0 <= gamma <= 1"] = 0.99
+    gae_lambda: Annotated[float, "GAE lambda (bias/variance trade-off of advantages)", "0 <= gae_lambda <= 1"] = 0.95
+    clip_eps: Annotated[float, "PPO ratio clip range; also clips the value update", "0 < clip_eps < inf"] = 0.2
+    ent_coef: Annotated[float, "entropy bonus coefficient", "0 <= ent_coef < inf"] = 0.01
+    vf_coef: Annotated[float, "value loss coefficient", "0 <= vf_coef < inf"] = 0.5
+    max_grad_norm: Annotated[float, "global gradient-norm clip", "0 < max_grad_norm < inf"] = 1.0
+    activation: Annotated[str, "the actor and critic heads' activation", "activation in ('tanh', 'relu')"] = "relu"
+    embed_size: Annotated[int, "width of the embedding, every layer and the heads", "0 < embed_size < 2**31"] = 32
+    num_layers: Annotated[int, "transformer layers, each with its memory (2: weaker)", "0 < num_layers < 2**31"] = 3
+    num_heads: Annotated[int, "attention heads per layer; divides embed_size", "0 < num_heads < 2**31"] = 2
+    memory_len: Annotated[int, "past steps each layer attends over, and itself", "0 < memory_len < 2**31"] = 8
+    positional_encoding: Annotated[
+        str,
+        "relative: a learned bias per head and distance (steps back); absolute: sinusoids of the step in the episode "
+        "added to the embedding; none: attention sees only contents",
+        "positional_encoding in ('relative', 'absolute', 'none')",
+    ] = "relative"
+    gating: Annotated[bool, "GTrXL: GRU-type gates in place of the residual additions, near identity at first"] = False
+    layer_norm: Annotated[bool, "normalise each sublayer's inputs (TrXL-I, GTrXL); off: plain residual sums"] = False
+    eval_episodes: Annotated[int, "greedy evaluation episodes per run after training", "eval_episodes > 0"] = 16
+    seed: Annotated[int, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]"] = 0
+    num_seeds: Annotated[int, "independent runs trained side by side (vmapped)", "0 < num_seeds < 2**31"] = 8
+
+    @property
+    def steps_per_update(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.steps_per_update
+
+
+class HParams(NamedTuple):  # the float hyperparameters in which runs of one compiled program may differ (--sweep)
+    lr: jax.Array
+    gamma: jax.Array
+    gae_lambda: jax.Array
+    clip_eps: jax.Array
+    ent_coef: jax.Array
+    vf_coef: jax.Array
+    max_grad_norm: jax.Array
+
+
+hparams_from = lambda config: HParams(**{f: jnp.float32(getattr(config, f)) for f in HParams._fields})  # noqa: E731
+
+
+def validate(config: Config) -> None:
+    """Refuses a config that cannot run, naming the option and what is allowed (each field's rules, then these);
+    registers MEMORY_ENVS with gymnax (make_train and make_evaluate call it first: their VecEnv finds them)."""
+    validate_hparams(dataclasses.asdict(config))
+    envs, minibatches, batch = config.num_envs, config.num_minibatches, config.steps_per_update
+    whole = "(each minibatch is whole env sequences)"
+    require(envs % minibatches == 0, f"--num-minibatches {minibatches} must divide --num-envs {envs} {whole}")
+    require(batch <= config.total_timesteps, f"--total-timesteps must be at least num_envs * num_steps = {batch}")
+    size, heads = config.embed_size, config.num_heads
+    require(size % heads == 0, f"--num-heads {heads} must divide --embed-size {size} (each head takes a slice)")
+    register_memory_envs()
+
+
+# ---- Partially observable environments ----
+def observation_subset(base_name: str, keep: list, **kwargs):
+    """A gymnax env showing only the entries `keep` of `base_name`'s observation, its dynamics, rewards, termination,
+    time limit, params and name (gymnax draws it) the env's own: its class, extended here (gymnax is imported only
+    where an env is made). `kwargs` are gymnax.make's."""
+    import gymnax
+    from gymnax.environments import spaces
+
+    class ObservationSubset(type(gymnax.make(base_name)[0])):
+        def step_env(self, key, state, action, params):
+            obs, state, reward, terminated, info = super().step_env(key, state, action, params)
+            return obs[..., keep], state, reward, terminated, info
+
+        def reset_env(self, key, params):
+            obs, state = super().reset_env(key, params)
+            return obs[..., keep], state
+
+        def observation_space(self, params):
+            space = super().observation_space(params)
+            low, high = (np.broadcast_to(np.asarray(end), space.shape)[..., keep] for end in (space.low, space.high))
+            return spaces.Box(low, high, low.shape, space.dtype)
+
+    return ObservationSubset(**kwargs)
+
+
+def memory_chain(memory_length: int, **kwargs):
+    """bsuite's MemoryChain (gymnax's) with `memory_length` steps between the context, seen at the start, and the one
+    rewarded choice (+1 if it matches the context, else -1), an episode of memory_length + 1 steps; gymnax's is 5."""
+    import gymnax
+
+    class LongerMemoryChain(type(gymnax.make("MemoryChain-bsuite")[0])):
+        @property
+        def default_params(self):
+            return super().default_params.replace(memory_length=memory_length)
+
+    return LongerMemoryChain(**kwargs)
+
+
+# Environments that only an agent with memory can solve, by name. CartPole without velocities (cart position, pole
+# angle): the velocities must be inferred from past steps. MemoryChain-bsuite-n: one bit kept for n steps.
+MEMORY_ENVS = {
+    "CartPole-v1-no-velocity": functools.partial(observation_subset, "CartPole-v1", [0, 2]),
+    **{f"MemoryChain-bsuite-{n}": functools.partial(memory_chain, n) for n in (30, 60, 100)},
+}
+
+
+def register_memory_envs() -> None:
+    """Registers MEMORY_ENVS with gymnax (those not registered yet), for VecEnv."""
+    import gymnax
+
+    for name, make in MEMORY_ENVS.items():
+        if name not in gymnax.registered_envs:
+            gymnax.register(name, make)
+
+
+# ---- Networks ----
+class Memory(NamedTuple):  # what the policy carries from step to step, per env (leading axes [...])
+    cache: jax.Array  # [..., num_layers, memory_len, embed_size] each layer's inputs at the last steps, oldest first
+    valid: jax.Array  # [..., memory_len] bool: that step is of the current episode
+    step: jax.Array  # [...] int32: steps of the current episode so far (the next observation's step in it)
+
+
+def initial_memory(config: Config, *batch: int) -> Memory:
+    """The memory an episode begins with: nothing valid."""
+    cache = jnp.zeros((*batch, config.num_layers, config.memory_len, config.embed_size))
+    return Memory(cache, valid=jnp.zeros((*batch, config.memory_len), bool), step=jnp.zeros(batch, jnp.int32))
+
+
+def remember(memory: Memory, inputs: jax.Array, start: jax.Array) -> Memory:
+    """The memory after one step whose layers' inputs were `inputs` [..., num_layers, embed_size]: they go in, the
+    oldest step goes out; where the step began an episode (`start` [...]), the steps before it are forgotten."""
+    cache = jnp.concatenate([memory.cache[..., 1:, :], inputs[..., None, :]], -2)
+    valid = jnp.concatenate([memory.valid[..., 1:] & ~start[..., None], jnp.ones_like(start)[..., None]], -1)
+    return Memory(cache, valid, step=jnp.where(start, 0, memory.step) + 1)
+
+
+def attention_mask(valid: jax.Array, start: jax.Array) -> jax.Array:
+    """[n, T, M + T] bool: the keys each of a window's T steps attends to, keys being the memory's M steps, then the
+    window's own, from the memory's `valid` [n, M] and the window's `start` [T, n] (the step begins an episode):
+    a key at most M steps back, not after the query, and of the query's episode (no memory crosses a start)."""
+    M, T = valid.shape[-1], start.shape[0]
+    began = jnp.cumsum(start, 0, dtype=jnp.int32).T  # [n, T]: episodes begun in the window up to each step
+    episode = jnp.concatenate([jnp.where(valid, 0, -1), began], -1)  # [n, M + T]: a memory step not valid matches none
+    query, key = jnp.arange(M, M + T)[:, None], jnp.arange(M + T)
+    near = (key <= query) & (key >= query - M)  # [T, M + T]
+    return near & (episode[:, M:, None] == episode[:, None, :])
+
+
+def episode_steps(step: jax.Array, start: jax.Array) -> jax.Array:
+    """[T, n] each window step's step in its episode, from the memory's `step` [n] and the window's `start` [T, n]."""
+    t = jnp.arange(start.shape[0])[:, None]
+    last_start = jax.lax.cummax(jnp.where(start, t, -1), axis=0)
+    return jnp.where(last_start >= 0, t - last_start, step + t)
+
+
+def sinusoids(position: jax.Array, size: int) -> jax.Array:
+    """[..., size] Vaswani et al.'s encoding of integer positions: sines and cosines of geometric frequencies."""
+    angle = position[..., None] / 10_000 ** (jnp.arange(0, size, 2) / size)
+    return jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], -1)[..., :size]
+
+
+class Gate(nn.Module):  # GTrXL's GRU-type gate of the residual stream x by a sublayer's output y (Parisotto et al.)
+    @nn.compact
+    def __call__(self, x: jax.Array, y: jax.Array) -> jax.Array:
+        D = x.shape[-1]
+        w_r, w_z, w_h = jnp.split(nn.Dense(3 * D, use_bias=False)(y), 3, -1)
+        u_r, u_z = jnp.split(nn.Dense(2 * D, use_bias=False)(x), 2, -1)
+        r = nn.sigmoid(w_r + u_r)
+        z = nn.sigmoid(w_z + u_z - self.param("bias", nn.initializers.constant(2.0), (D,)))  # z small: x passes
+        return (1.0 - z) * x + z * jnp.tanh(w_h + nn.Dense(D, use_bias=False)(r * x))
+
+
+class Layer(nn.Module):  # attention over the memory and the window, then an MLP, each added (or gated) to x
+    num_heads: int
+    positional_encoding: str
+    gating: bool
+    layer_norm: bool
+
+    @nn.compact
+    def __call__(self, x: jax.Array, memory: jax.Array, mask: jax.Array) -> jax.Array:
+        """The next layer's inputs [n, T, D] from this one's `x` [n, T, D], its memory [n, M, D] and `mask`."""
+        (M, D), H, T = memory.shape[-2:], self.num_heads, x.shape[-2]
+        norm = nn.LayerNorm if self.layer_norm else lambda: lambda y: y  # noqa: E731
+        keys = norm()(jnp.concatenate([memory, x], -2))
+        heads = lambda name: nn.DenseGeneral((H, D // H), name=name)  # noqa: E731  (query, key, value: per head)
+        q, k, v = heads("query")(keys[:, M:]), heads("key")(keys), heads("value")(keys)
+        bias = None
+        if self.positional_encoding == "relative":  # a learned bias per head and distance back, 0 (itself) to M
+            table = self.param("relative_bias", nn.initializers.zeros, (H, M + 1))
+            distance = jnp.clip(jnp.arange(M, M + T)[:, None] - jnp.arange(M + T), 0, M)  # [T, M + T]
+            bias = table[:, distance]
+        attended = nn.dot_product_attention(q, k, v, bias=bias, mask=mask[:, None])  # [n, T, H, D / H]
+        out = nn.DenseGeneral(D, axis=(-2, -1), name="out")(attended)
+        x = Gate()(x, nn.relu(out)) if self.gating else x + out
+        mlp = nn.Dense(D)(nn.relu(nn.Dense(D)(norm()(x))))
+        return Gate()(x, nn.relu(mlp)) if self.gating else x + mlp
+
+
+class ActorCritic(nn.Module):
+    """obs -> embedding -> transformer layers -> actor head (logits) and critic head (value). `__call__(memory,
+    obs, start)` takes a window of T steps of n envs: T = 1 as the policy acts, a rollout as the update replays it."""
+
+    num_actions: int
+    embed_size: int
+    num_layers: int
+    num_heads: int
+    positional_encoding: str
+    gating: bool
+    layer_norm: bool
+    activation: str
+
+    @nn.compact
+    def __call__(self, memory: Memory, obs: jax.Array, start: jax.Array):
+        """(each layer's inputs [T, n, num_layers, D], logits [T, n, A], values [T, n]) of `obs` [T, n, obs_dim], with
+        `start` [T, n], after the steps in `memory` (leading axis n; not reset: `start` masks what it must)."""
+        x = nn.Dense(self.embed_size, name="embed")(obs)
+        if self.positional_encoding == "absolute":
+            x = x + sinusoids(episode_steps(memory.step, start), self.embed_size)
+        x, mask, inputs = jnp.swapaxes(x, 0, 1), attention_mask(memory.valid, start), []  # x: [n, T, D]
+        for index in range(self.num_layers):
+            inputs.append(x)
+            layer = Layer(self.num_heads, self.positional_encoding, self.gating, self.layer_norm)
+            x = layer(x, memory.cache[:, index], mask)
+        act, orthogonal = getattr(nn, self.activation), nn.initializers.orthogonal
+        hidden = lambda y: act(nn.Dense(self.embed_size, kernel_init=orthogonal(np.sqrt(2)))(y))  # noqa: E731
+        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01))(hidden(x))  # a near-uniform first policy
+        value = nn.Dense(1, kernel_init=orthogonal(1.0))(hidden(x))[..., 0]
+        return jnp.stack(inputs, -2).swapaxes(0, 1), logits.swapaxes(0, 1), value.swapaxes(0, 1)
+
+
+def make_networks(config: Config, num_actions: int) -> ActorCritic:
+    size = dict(embed_size=config.embed_size, num_layers=config.num_layers, num_heads=config.num_heads)
+    kind = dict(positional_encoding=config.positional_encoding, gating=config.gating, layer_norm=config.layer_norm)
+    return ActorCritic(num_actions, **size, **kind, activation=config.activation)
+
+
+# ---- The algorithm: GAE, the PPO loss, and the training loop ----
+class Transition(NamedTuple):
+    obs: jax.Array  # [T, N, obs_dim]
+    start: jax.Array  # [T, N] obs begins an episode: the steps before it are masked from its attention
+    action: jax.Array  # [T, N]
+    log_prob: jax.Array  # [T, N] under the policy that acted
+    value: jax.Array  # [T, N] the critic's value of obs, given the episode so far
+    reward: jax.Array  # [T, N]
+    terminated: jax.Array  # [T, N]
+    done: jax.Array  # [T, N] terminated or truncated: the next obs starts a new episode
+    final_obs: jax.Array  # [T, N, obs_dim] true next observation (for bootstrapping)
+    next_value: jax.Array = None  # [T, N] V(final_obs), attending over the memory after this step
+    advantage: jax.Array = None  # [T, N] GAE's, filled in with the value targets before the update learns
+    target: jax.Array = None  # [T, N]
+
+
+class Runner(NamedTuple):  # everything one run carries from update to update
+    params: Any
+    opt_state: Any
+    episodes: "Episodes"
+    memory: Memory  # [num_envs, ...] after the last step
+    rng: jax.Array
+    hparams: HParams
+
+
+def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
+    """Advantages and value targets of a [T, N] rollout. `next_value` is V of the true next observation, so a
+    truncation bootstraps from the state it cut off; `terminated` zeroes it; `done` (either) stops the recursion."""
+    chex.assert_equal_shape([reward, value, next_value, terminated, done])
+    delta = reward + gamma * next_value * (1.0 - terminated) - value  # terminated: bool or 0/1
+
+    def backward(next_advantage, step):
+        delta_t, done_t = step
+        advantage = delta_t + gamma * gae_lambda * (1.0 - done_t) * next_advantage
+        return advantage, advantage
+
+    _, advantage = jax.lax.scan(backward, jnp.zeros_like(delta[0]), (delta, done.astype(delta.dtype)), reverse=True)
+    return advantage, advantage + value
+
+
+def ppo_loss(network: ActorCritic, params, minibatch: Transition, memory: Memory, hp: HParams, key: jax.Array):
+    """The clipped surrogate, the clipped value loss and the entropy bonus of a minibatch of env sequences
+    ([T, n, ...]) replayed from the memory [n, ...] the rollout began with. `key` is unused by PPO itself: it is
+    there for a loss that samples (noise, dropout)."""
+    _, logits, value = network.apply(params, memory, minibatch.obs, minibatch.start)
+    log_probs = jax.nn.log_softmax(logits)
+    log_prob = jnp.take_along_axis(log_probs, minibatch.action[..., None], -1)[..., 0]
+    log_ratio = log_prob - minibatch.log_prob
+    ratio = jnp.exp(log_ratio)
+    advantage = minibatch.advantage
+    advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    policy_loss = -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps) * advantage).mean()
+    value_clipped = minibatch.value + jnp.clip(value - minibatch.value, -hp.clip_eps, hp.clip_eps)
+    value_losses = jnp.maximum(jnp.square(value - minibatch.target), jnp.square(value_clipped - minibatch.target))
+    value_loss = 0.5 * value_losses.mean()
+    entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
+    loss = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
+    stats = dict(loss=loss, policy_loss=policy_loss, value_loss=value_loss, entropy=entropy)
+    stats.update(approx_kl=((ratio - 1) - log_ratio).mean(), clip_fraction=(jnp.abs(ratio - 1) > hp.clip_eps).mean())
+    return loss, stats
+
+
+def make_optimizer(config: Config, hparams: HParams):
+    num_grad_steps = config.num_updates * config.update_epochs * config.num_minibatches
+    lr = (lambda count: hparams.lr * (1.0 - count / num_grad_steps)) if config.anneal_lr else hparams.lr
+    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm), optax.adam(learning_rate=lr, eps=1e-5))
+
+
+def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
+    """`train(rng, hparams=None) -> (runner, metrics of shape [num_updates])`: `train.init(rng, hparams)`, then
+    `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs));
+    `train.rollout(params, episodes, memory, key)` is its acting."""
+    validate(config)
+    env = VecEnv(config.env_name, config.num_envs) if env is None else env
+    network = make_networks(config, env.num_actions)
+    T, N, M = config.num_steps, config.num_envs, config.num_minibatches
+
+    def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
+        hparams = hparams_from(config) if hparams is None else hparams
+        rng, params_key, env_key = jax.random.split(rng, 3)
+        first = (initial_memory(config, 1), jnp.zeros((1, 1, env.obs_dim)), jnp.ones((1, 1), bool))  # one step
+        params = network.init(params_key, *first)
+        opt_state = make_optimizer(config, hparams).init(params)
+        episodes, memory = Episodes.start(*env.reset(env_key)), initial_memory(config, N)
+        return Runner(params=params, opt_state=opt_state, episodes=episodes, memory=memory, rng=rng, hparams=hparams)
+
+    def rollout(params, episodes: "Episodes", memory: Memory, key: jax.Array):
+        """T steps of every env under the current policy, each attending over its episode's last memory_len steps:
+        (the episodes after them, the memory after the last step, [T, N] transitions)."""
+
+        def env_step(carry, key: jax.Array):
+            (episodes, memory), (action_key, env_key) = carry, jax.random.split(key)
+            start = episodes.episode_length == 0  # obs begins an episode: the memory before it is masked
+            inputs, logits, value = network.apply(params, memory, episodes.obs[None], start[None])
+            action, log_prob = sample_action(logits[0], action_key)
+            step = env.step(env_key, episodes.env_state, action)
+            memory = remember(memory, inputs[0], start)
+            # V(final_obs) attending over this step too: a truncated episode bootstraps from the state it cut off.
+            next_value = network.apply(params, memory, step.final_obs[None], jnp.zeros((1, N), bool))[2][0]
+            transition = Transition(
+                episodes.obs, start, action, log_prob, value[0], step.reward, step.terminated,
+                done=step.terminated | step.truncated, final_obs=step.final_obs, next_value=next_value,
+            )  # fmt: skip
+            return (episodes.after(step), memory), transition
+
+        first = (episodes.counting(), memory)
+        (episodes, memory), transitions = jax.lax.scan(env_step, first, jax.random.split(key, T))
+        return episodes, memory, transitions
+
+    def learn(params, opt_state, batch: Transition, memory: Memory, key: jax.Array, hp: HParams):
+        """`update_epochs` passes of shuffled minibatch steps, each minibatch whole env sequences replayed from
+        the memory [N, ...] the rollout began with."""
+        optimizer = make_optimizer(config, hp)
+
+        def minibatch_step(train, inputs):
+            (params, opt_state), (minibatch, memory, key) = train, inputs
+            grads, stats = jax.grad(ppo_loss, argnums=1, has_aux=True)(network, params, minibatch, memory, hp, key)
+            updates, opt_state = optimizer.update(grads, opt_state)
+            return (optax.apply_updates(params, updates), opt_state), {**stats, "grad_norm": optax.tree.norm(grads)}
+
+        def epoch(train, key):
+            order_key, loss_key = jax.random.split(key)
+            envs = jax.random.permutation(order_key, N).reshape(M, N // M)  # split the envs, never the time axis
+            minibatches = jax.tree.map(lambda x: jnp.swapaxes(x[:, envs], 0, 1), batch)
+            memories = jax.tree.map(lambda x: x[envs], memory)
+            return jax.lax.scan(minibatch_step, train, (minibatches, memories, jax.random.split(loss_key, M)))
+
+        return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, config.update_epochs))
+
+    def update(runner: Runner, update_index: jax.Array):
+        hp = runner.hparams
+        rng, rollout_key, learn_key = jax.random.split(runner.rng, 3)
+        episodes, memory, tr = rollout(runner.params, runner.episodes, runner.memory, rollout_key)
+        gae = compute_gae(tr.reward, tr.value, tr.next_value, tr.terminated, tr.done, hp.gamma, hp.gae_lambda)
+        batch = tr._replace(advantage=gae[0], target=gae[1])
+        # Its sequences replay from the memory the rollout began with: the first pass is the acting policy.
+        (params, opt_state), stats = learn(runner.params, runner.opt_state, batch, runner.memory, learn_key, hp)
+        finite = jnp.isfinite(stats["loss"]).all() & jnp.isfinite(optax.tree.norm(params))
+        metrics = {**episodes.metrics(), **{name: value.mean() for name, value in stats.items()}, "finite": finite}
+        metrics["env_steps"] = (update_index + 1) * T * N
+        runner = Runner(params=params, opt_state=opt_state, episodes=episodes, memory=memory, rng=rng, hparams=hp)
+        return runner, metrics
+
+    def train(rng: jax.Array, hparams: HParams | None = None):
+        return jax.lax.scan(update, init(rng, hparams), jnp.arange(config.num_updates, dtype=jnp.int32))
+
+    train.init, train.update, train.rollout = init, update, rollout
+    return train
+
+
+# ---- The policy's action ----
+def sample_action(logits: jax.Array, key: jax.Array):
+    """An action drawn from softmax(logits) for each env, and its log-probability."""
+    action = jax.random.categorical(key, logits)
+    return action, jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], -1)[..., 0]
+
+
+def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -> Callable:
+    """`act(params, obs, key, memory) -> (action, memory)` for one observation in the env's own shape (vmap it for a
+    batch), memory a `Memory` (its steps' layer inputs), `act.memory` where an episode begins: the most probable
+    action, or (greedy=False) one drawn from the softmax as in training."""
+    register_memory_envs()  # so that VecEnv finds CartPole-v1-no-velocity
+    network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions)
+
+    def act(params, obs: jax.Array, key: jax.Array, memory: Memory):
+        batched, not_start = jax.tree.map(lambda m: m[None], memory), jnp.zeros(1, bool)  # act.memory masks the past
+        inputs, logits, _ = network.apply(params, batched, obs.reshape(1, 1, -1).astype(jnp.float32), not_start[None])
+        memory = jax.tree.map(lambda m: m[0], remember(batched, inputs[0], not_start))
+        return jnp.argmax(logits[0, 0]) if greedy else jax.random.categorical(key, logits[0, 0]), memory
+
+    act.memory = initial_memory(config)
+    return act
+
+
+def saved_params(runner: Runner) -> dict:
+    return runner.params  # what params.msgpack holds and `make_evaluate` takes: the network's parameters
+
+
+# --------------------------------------------------------------------------------------
+# Running this file (the same in every algorithm file: tests/test_files.py): checks, env loop, evaluation, command line
+# --------------------------------------------------------------------------------------
+class ConfigError(ValueError):
+    """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate_hparams(values: dict) -> None:
+    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point."""
+    rules = {field.name: typing.get_args(field.type)[2:] for field in dataclasses.fields(Config)}
+    for name, value in values.items():
+        for rule in rules[name]:
+            ok = eval(rule, {name: value, "inf": np.inf})
+            require(ok, f"--{name.replace('_', '-')} must satisfy {rule}, got {value!r}")
+
+
+class EnvStep(NamedTuple):
+    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    state: Any
+    reward: jax.Array  # [num_envs] float32
+    terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
+    truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
+    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+
+
+class VecEnv:
+    """`num_envs` copies of a gymnax env under `jax.vmap` of its own `step` (auto-reset, final observation)."""
+
+    def __init__(self, env_name: str, num_envs: int):
+        import gymnax  # here: importing it computes with JAX, which must wait for configure_xla's flags
+
+        require(env_name in gymnax.registered_envs, f"--env-name {env_name!r} is not in gymnax.registered_envs")
+        self.env, self.params = gymnax.make(env_name)
+        self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
+        space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
+        kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
+        require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
+        self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
+        bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
+        self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
+
+    def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
+        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+
+    def reset(self, key: jax.Array):
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
+        return self.flat(obs), state
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
+        keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
+        step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, self.params)
+        obs, state, reward, terminated, truncated, info = step
+        final_obs = self.flat(info["final_observation"])
+        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+
+
+class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)
+    env_state: Any
+    obs: jax.Array  # [num_envs, obs_dim]
+    episode_return: jax.Array  # [num_envs] return so far
+    episode_length: jax.Array  # [num_envs] int32 steps so far
+    ended: jax.Array = None  # [3] since counting began: episodes ended, their returns summed, their lengths summed
+
+    @classmethod
+    def start(cls, obs: jax.Array, env_state: Any) -> "Episodes":
+        return cls(env_state, obs, jnp.zeros(obs.shape[0]), jnp.zeros(obs.shape[0], jnp.int32)).counting()
+
+    def counting(self) -> "Episodes":
+        return self._replace(ended=jnp.zeros(3))
+
+    def after(self, step: EnvStep) -> "Episodes":  # those that ended in `step` are counted and begin anew
+        done, ret, length = step.terminated | step.truncated, self.episode_return + step.reward, self.episode_length + 1
+        ended = self.ended + jnp.where(done, jnp.stack([jnp.ones_like(ret), ret, length]), 0).sum(-1)
+        return Episodes(step.state, step.obs, jnp.where(done, 0.0, ret), jnp.where(done, 0, length), ended)
+
+    def metrics(self) -> dict:  # the mean return and length of the episodes counted: NaN when none ended
+        count, ret, length = self.ended  # 0 / 0 is NaN
+        return dict(episode_return=ret / count, episode_length=length / count, episodes_finished=jnp.int32(count))
+
+
+def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
+    """`evaluate(params, rng) -> mean return` of greedy episodes, one per env of `env` (default: eval_episodes)."""
+    validate(config)
+    env = VecEnv(config.env_name, config.eval_episodes) if env is None else env
+    act = make_act(config, env=env)
+    start = getattr(act, "memory", None)  # a recurrent policy's memory at an episode's start (None: it has none)
+    batched = jax.vmap(act if start is not None else lambda p, o, k, m: (act(p, o, k), m), (None, 0, 0, 0))
+
+    class Evaluating(NamedTuple):  # what evaluation carries from step to step
+        env_state: Any
+        obs: jax.Array
+        memory: Any  # a recurrent policy's memory, per env
+        total: jax.Array  # [episodes] return so far: each env's first episode is scored, and only it
+        alive: jax.Array  # [episodes] bool: that episode has not ended yet
+        rng: jax.Array
+        t: jax.Array  # env steps taken
+
+    def evaluate(params, rng: jax.Array) -> jax.Array:
+        def env_step(carry: Evaluating) -> Evaluating:
+            rng, act_key, env_key = jax.random.split(carry.rng, 3)
+            action, memory = batched(params, carry.obs, jax.random.split(act_key, env.num_envs), carry.memory)
+            step = env.step(env_key, carry.env_state, action)
+            total = carry.total + jnp.where(carry.alive, step.reward, 0.0)
+            alive = carry.alive & ~(step.terminated | step.truncated)
+            return Evaluating(step.state, step.obs, memory, total=total, alive=alive, rng=rng, t=carry.t + 1)
+
+        reset_key, rng = jax.random.split(rng)
+        obs, env_state = env.reset(reset_key)
+        memory = jax.tree.map(lambda m: jnp.broadcast_to(m, (env.num_envs, *jnp.shape(m))), start)
+        first = Evaluating(env_state, obs, memory, jnp.zeros(env.num_envs), jnp.ones(env.num_envs, bool), rng, t=0)
+        running = lambda carry: carry.alive.any() & (carry.t < env.max_episode_steps)  # noqa: E731
+        return jax.lax.while_loop(running, env_step, first).total.mean()
+
+    return evaluate
+
+
+def load_run(run_dir: str, seed: int = 0, point: int = 0):
+    """(config, params) of one run in a run directory of this file (alone or the harness's): the Config with its sweep
+    point's values (--pbt: the member's last) and its part of params.msgpack, whose arrays are [points, seeds, ...]."""
+    with np.load(pathlib.Path(run_dir, "metrics.npz")) as metrics:
+        values = {name[6:]: metrics[name][point] for name in metrics.files if name.startswith("sweep_")}
+        values |= {name[4:]: metrics[name][point, seed, -1] for name in metrics.files if name.startswith("pbt_")}
+    saved = json.loads(pathlib.Path(run_dir, "config.json").read_text()) | {k: v.item() for k, v in values.items()}
+    params = serialization.msgpack_restore(pathlib.Path(run_dir, "params.msgpack").read_bytes())
+    config = Config(**{field.name: saved[field.name] for field in dataclasses.fields(Config)})
+    return config, jax.tree.map(lambda x: x[point, seed], params)
+
+
+def configure_xla() -> None:
+    """Unless XLA_FLAGS has them: the concurrent CPU scheduler off (it deadlocked vmapped training), faster compiles."""
+    cpu = not any(module.name.startswith(("jax_cuda", "jax_rocm", "libtpu")) for module in pkgutil.iter_modules())
+    flags, given = ["xla_cpu_enable_concurrency_optimized_scheduler=false"], os.environ.get("XLA_FLAGS", "")
+    flags += ["xla_backend_optimization_level=1"] * cpu
+    os.environ["XLA_FLAGS"] = " ".join([given] + [f"--{f}" for f in flags if f.split("=")[0] not in given]).strip()
+
+
+def train_with_progress(config: Config, train: Callable):
+    """Every seed's run in one compiled program, printing the mean return and env steps/s every tenth of it."""
+    total, every, start = config.num_updates, -(-config.num_updates // 10), time.perf_counter()
+
+    def report(index, mean_return):
+        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - start)
+        print(f"update {index + 1}/{total}: return {mean_return:.1f}, {speed:,.0f} env steps/s so far", flush=True)
+
+    def update(runners, index: jax.Array):  # every seed's update, and a report every tenth of the run
+        runners, metrics = jax.vmap(train.update, in_axes=(0, None))(runners, index)
+        mean_return, tenth = jnp.nanmean(metrics["episode_return"]), ((index + 1) % every == 0) | (index + 1 == total)
+        jax.lax.cond(tenth, lambda: jax.debug.callback(report, index, mean_return, ordered=True), lambda: None)
+        return runners, metrics
+
+    keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
+    run = lambda keys: jax.lax.scan(update, jax.lax.map(train.init, keys), jnp.arange(total))  # noqa: E731
+    runner, metrics = jax.device_get(jax.jit(run)(keys))  # init by lax.map (not vmap), as the harness does on CPU
+    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}  # [seeds, updates]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """This file alone, writing a run directory as the harness does; exit 2: bad input (nothing written), 3: NaN."""
+    configure_xla()  # before JAX's first computation
+    name, fields = os.path.basename(__file__), dataclasses.fields(Config)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
+    for field in fields:
+        (kind, doc, *rules), option = typing.get_args(field.type), "--" + field.name.replace("_", "-")
+        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        parser.add_argument(option, default=field.default, help="; ".join([doc, *rules]), **parse)
+    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        require(not unknown, f"{' '.join(unknown)}: not an option of {name} alone (--help), but of the run harness")
+        config = Config(**{field.name: getattr(args, field.name) for field in fields})
+        train, evaluate = make_train(config), make_evaluate(config)
+        os.makedirs(args.runs_dir, exist_ok=True)
+        prefix = f"{name[:-3]}-{config.env_name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}-"
+        run_dir = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=args.runs_dir))
+    except (argparse.ArgumentError, ConfigError, OSError) as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return 2
+    print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
+    (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
+    runner, metrics = train_with_progress(config, train)
+    params, keys = saved_params(runner), jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
+    greedy = np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
+    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy))
+    (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(params)))
+    for update, seed in np.argwhere(~metrics["finite"].T)[:1]:  # [update, seed] where NaN or inf first appeared
+        print(f"error: NaN or inf first appeared at update {update + 1}, seed index {seed}", file=sys.stderr)
+    print(f"greedy return per seed {np.round(greedy, 1).tolist()}\nresults: {run_dir}", flush=True)
+    return 0 if metrics["finite"].all() else 3
+
+
+if __name__ == "__main__":  # in the repository, the run harness beside this file takes over
+    harness = os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "onefile_harness"))
+    sys.exit(__import__("onefile_harness").command_line(sys.modules[__name__]) if harness else main())
