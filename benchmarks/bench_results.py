@@ -119,9 +119,9 @@ RUNS = [
     ("ppo_rnn", "MemoryChain-bsuite", ""),
     ("ppo_trxl", "CartPole-v1-no-velocity", ""),
     # One bit held for 60 steps (MEMORY_ENVS): the GRU at its defaults loses it on some seeds; the transformer's
-    # memory of 64 steps sees it directly.
+    # memory of 64 steps sees it directly (with 3 layers, its default, one seed of 8 never learned it).
     ("ppo_rnn", "MemoryChain-bsuite-60", ""),
-    ("ppo_trxl", "MemoryChain-bsuite-60", "--memory-len 64"),
+    ("ppo_trxl", "MemoryChain-bsuite-60", "--memory-len 64 --num-layers 2"),
     # Suites beyond gymnax (pip install -r requirements-envs.txt); tests/test_suites.py's learning
     # tests run the cheapest of them.
     ("ppo", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --ent-coef 0.03"),
@@ -153,6 +153,19 @@ RUNS = [
         "--total-timesteps 1000000 --num-envs 64 --num-steps 64 --num-minibatches 8 --hidden-size 256 --lr 5e-4 "
         "--num-seeds 4",
     ),
+    # The memory files at ppo.py's Craftax flags (the transformer 128 wide, 4 heads, within this CPU's time).
+    (
+        "ppo_rnn",
+        "craftax/Craftax-Classic-Symbolic-v1",
+        "--total-timesteps 1000000 --num-envs 64 --num-steps 64 --num-minibatches 8 --hidden-size 256 --lr 5e-4 "
+        "--num-seeds 4",
+    ),
+    (
+        "ppo_trxl",
+        "craftax/Craftax-Classic-Symbolic-v1",
+        "--total-timesteps 1000000 --num-envs 64 --num-steps 64 --num-minibatches 8 --embed-size 128 --num-heads 4 "
+        "--lr 5e-4 --num-seeds 4",
+    ),
     (
         "pqn",
         "craftax/Craftax-Classic-Symbolic-v1",
@@ -181,7 +194,7 @@ def row_label(key: tuple) -> str:
     return f"{name}.py" + (f" ({', '.join(parts)})" if parts else "")
 
 
-def measure(name: str, env: str, flags: str, seeds: int, scale: float, runs_dir: str) -> dict:
+def measure(name: str, env: str, flags: str, seeds: int, scale: float, runs_dir: str, timeout: int) -> dict:
     flags = ["--env-name", env, *flags.split()]
     if "--num-seeds" not in flags:
         flags += ["--num-seeds", str(seeds)]
@@ -190,7 +203,7 @@ def measure(name: str, env: str, flags: str, seeds: int, scale: float, runs_dir:
         budget = int(flags[flags.index("--total-timesteps") + 1]) if "--total-timesteps" in flags else module_default
         flags = _without(flags, "--total-timesteps") + ["--total-timesteps", str(max(1, int(budget * scale)))]
     with tempfile.TemporaryDirectory() as cache:
-        result = run_cli(name, flags, runs_dir, cache)
+        result = run_cli(name, flags, runs_dir, cache, timeout)
     summary, metrics = result["summary"], result["metrics"]
     # Mean over seeds of each seed's own return (the run directory's curve; no sweep: one point).
     with np.errstate(all="ignore"):
@@ -349,6 +362,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of each row's budget (smoke runs)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     parser.add_argument("--report-only", action="store_true", help="rewrite table and figure from the jsonl")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds a row may run (rainbow.py's Breakout: more)")
     args = parser.parse_args()
 
     import jax
@@ -365,7 +379,7 @@ def main() -> None:
                 if not os.path.exists(algorithm_path(name)):
                     print(f"skip {name}:{env} (no algorithms/{name}.py)", flush=True)
                     continue
-                record = measure(name, env, flags, args.seeds, args.scale, runs_dir)
+                record = measure(name, env, flags, args.seeds, args.scale, runs_dir, args.timeout)
                 with open(base + ".jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
                 print(

@@ -69,8 +69,9 @@ TARGETS = {
     "ppo_rnd": ("DeepSea-bsuite", 0.9, _ppo_rnd_checks),
     # CartPole-v1 observing only cart position and pole angle: the velocities must be remembered.
     "ppo_rnn": ("CartPole-v1-no-velocity", 400.0, _ppo_rnn_checks),
-    # The transformer's defaults end at 394.6 to 500 (training, the issue's 475 not met on every seed).
-    "ppo_trxl": ("CartPole-v1-no-velocity", 300.0, None),
+    # The transformer's command line ends every seed at 479.6 to 500 here, but the same config in a program
+    # that rounds differently (vmapped init) ended one seed at 394.6: the margin holds for other hosts' rounding.
+    "ppo_trxl": ("CartPole-v1-no-velocity", 350.0, None),
     "sac": ("Pendulum-v1", -200.0, _off_policy_continuous_checks),
     "td3": ("Pendulum-v1", -200.0, _off_policy_continuous_checks),
 }
