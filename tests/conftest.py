@@ -141,6 +141,18 @@ def check_bootstrap_at_truncation_only(returns_of, next_value, gamma: float, lam
         np.testing.assert_array_equal(returns_of(bumped), base, err_msg=f"terminated at t={t}, env {n}")
 
 
+SHORT_LIMIT = 12  # a CartPole time limit that random play reaches often, next to its terminations
+
+
+def short_episodes(module, num_envs: int, env_name: str = "CartPole-v1-no-velocity"):
+    """The memory files' VecEnv of velocity-hidden CartPole with its time limit cut to SHORT_LIMIT steps, so that
+    a short rollout holds truncations as well as terminations (ppo_rnn.py's and ppo_trxl.py's tests)."""
+    env = module.VecEnv(env_name, num_envs)
+    env.params = env.params.replace(max_steps_in_episode=SHORT_LIMIT)
+    env.max_episode_steps = SHORT_LIMIT
+    return env
+
+
 def algorithm_of(item) -> str | None:
     """The algorithm file a test exercises: its `name` parameter, else its module's name
     (test_sac_loss.py -> sac), else None."""

@@ -13,10 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import TERMINATED, TRUNCATED, load_algorithm
+from conftest import SHORT_LIMIT, TERMINATED, TRUNCATED, load_algorithm, short_episodes
 
 ENV = "CartPole-v1-no-velocity"
-SHORT_LIMIT = 12  # a CartPole time limit that random play reaches often, next to its terminations
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +23,6 @@ def rnn():
     module = load_algorithm("ppo_rnn")
     module.validate(module.Config())  # registers MEMORY_ENVS with gymnax, as make_train does first
     return module
-
-
-def short_episodes(module, num_envs: int):
-    """The file's VecEnv with CartPole's time limit cut to SHORT_LIMIT steps, so that a short
-    rollout holds truncations as well as terminations."""
-    env = module.VecEnv(ENV, num_envs)
-    env.params = env.params.replace(max_steps_in_episode=SHORT_LIMIT)
-    env.max_episode_steps = SHORT_LIMIT
-    return env
 
 
 @pytest.fixture(scope="module")

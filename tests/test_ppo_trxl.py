@@ -13,10 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import TERMINATED, TRUNCATED, load_algorithm
-
-ENV = "CartPole-v1-no-velocity"
-SHORT_LIMIT = 12  # a CartPole time limit that random play reaches often, next to its terminations
+from conftest import TERMINATED, TRUNCATED, load_algorithm, short_episodes
 
 
 @pytest.fixture(scope="module")
@@ -32,18 +29,9 @@ def small_config(trxl, **changes):
     return trxl.Config(**{**defaults, **changes})
 
 
-def short_episodes(module, num_envs: int):
-    """The file's VecEnv with CartPole's time limit cut to SHORT_LIMIT steps, so that a short
-    rollout holds truncations as well as terminations."""
-    env = module.VecEnv(ENV, num_envs)
-    env.params = env.params.replace(max_steps_in_episode=SHORT_LIMIT)
-    env.max_episode_steps = SHORT_LIMIT
-    return env
-
-
 @pytest.fixture(scope="module")
 def short(trxl):
-    """3 updates of 8 envs x 20 steps, one epoch of one minibatch each, time limit SHORT_LIMIT."""
+    """3 updates of 8 envs x 20 steps, one epoch of one minibatch each, time limit conftest.SHORT_LIMIT."""
     config = small_config(
         trxl, num_envs=8, num_steps=20, total_timesteps=8 * 20 * 3, num_minibatches=1, update_epochs=1, num_seeds=1
     )
