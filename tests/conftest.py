@@ -16,6 +16,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from specs import SPECS  # tests/specs/: one per algorithm file
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PPO_PATH = ROOT / "algorithms" / "ppo.py"
@@ -24,6 +25,9 @@ import onefile_harness  # noqa: E402
 from onefile_harness import xla  # noqa: E402
 
 ALGORITHM_NAMES = sorted(path.stem for path in (ROOT / "algorithms").glob("*.py"))
+# The algorithms the shared tests run: those with a spec and a file (tests/test_train.py checks that
+# every file has a spec and every spec a file).
+SPECIFIED = [name for name in SPECS if name in ALGORITHM_NAMES]
 
 
 def _load(name: str, path: pathlib.Path):
@@ -175,12 +179,9 @@ def pytest_collection_modifyitems(config, items):
         costliest_groups_first(items)
 
 
-# Files made from another file, whose observations, actions and buffer are that file's: a suite's
-# env reaches them as it reaches that one (tests/test_suites.py), and the fast loop leaves their runs
-# of the shared tests in SHARED_TEST_MODULES to CI (their own tests, against NumPy, stay in it).
-BUILT_FROM = {
-    "td3": "sac", "c51": "dqn", "qr_dqn": "dqn", "iqn": "dqn", "ppo_rnd": "ppo", "rainbow": "c51", "ppo_trxl": "ppo_rnn"
-}  # fmt: skip
+# Files made from another file (their specs' built_from): the fast loop leaves their runs of the shared
+# tests in SHARED_TEST_MODULES to CI; tests/test_suites.py leaves their suite runs to that file's.
+BUILT_FROM = {name: spec.built_from for name, spec in SPECS.items() if spec.built_from}
 SHARED_TEST_MODULES = ("test_train", "test_cli")
 
 
@@ -245,156 +246,9 @@ def load_algorithm(name: str):
     return _load(name, ROOT / "algorithms" / f"{name}.py")
 
 
-# The training tests' small configs (CartPole-v1 unless they name another env), each compiled
-# once per session and shared by tests/test_train.py and the algorithm's own test file; a module
-# says which algorithm it tests with a `name` fixture. Values: (Config fields, updates they give,
-# a learning rate that is not the config's, for the sweep test).
-# dqn.py's (and c51.py's, qr_dqn.py's and iqn.py's): num_envs=3 divides neither interval, so gradient steps
-# and target updates fall between vectorized steps.
-DQN_SMALL_TRAIN = dict(
-    num_envs=3,
-    num_steps=8,
-    total_timesteps=3 * 8 * 5,
-    buffer_size=50,
-    batch_size=16,
-    learning_starts=30,
-    train_frequency=4,
-    target_update_frequency=10,
-    eps_fraction=0.5,
-    num_seeds=1,
-)
-SMALL_TRAIN = {
-    "ppo": (
-        dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 6, num_minibatches=2, update_epochs=2, num_seeds=1),
-        6,
-        1e-3,
-    ),
-    # 4-step rollouts: no CartPole episode ends within the first update, later ones do.
-    "pqn": (
-        dict(
-            num_envs=8,
-            num_steps=4,
-            total_timesteps=8 * 4 * 6,
-            num_minibatches=2,
-            update_epochs=2,
-            num_seeds=1,
-            hidden_size=32,
-            eps_start=0.9,
-            eps_end=0.1,
-            eps_fraction=0.5,
-        ),
-        6,
-        3e-3,
-    ),
-    # ppo.py's, on CartPole (whose episodes end within the 6 updates), with a small RND network.
-    "ppo_rnd": (
-        dict(
-            num_envs=4,
-            num_steps=16,
-            total_timesteps=4 * 16 * 6,
-            num_minibatches=2,
-            update_epochs=2,
-            num_seeds=1,
-            rnd_size=16,
-        ),
-        6,
-        1e-3,
-    ),
-    # 4 envs of CartPole without velocities, 2 minibatches of 2 whole env sequences.
-    "ppo_rnn": (
-        dict(
-            env_name="CartPole-v1-no-velocity",
-            num_envs=4,
-            num_steps=16,
-            total_timesteps=4 * 16 * 6,
-            num_minibatches=2,
-            update_epochs=2,
-            num_seeds=1,
-            hidden_size=16,
-        ),
-        6,
-        1e-3,
-    ),
-    # ppo_rnn.py's, with a two-layer transformer of width 8 whose memory (4 steps) is shorter than the window.
-    "ppo_trxl": (
-        dict(
-            env_name="CartPole-v1-no-velocity",
-            num_envs=4,
-            num_steps=16,
-            total_timesteps=4 * 16 * 6,
-            num_minibatches=2,
-            update_epochs=2,
-            num_seeds=1,
-            embed_size=8,
-            num_heads=2,
-            memory_len=4,
-        ),
-        6,
-        3e-4,
-    ),
-    # Pendulum episodes last 200 steps: they all end in the last update. Kept that short on purpose:
-    # Pendulum's dynamics amplify batched-vs-single rounding (~1e-7) about 10x per 40 steps, past
-    # test_train's rtol 1e-5 after ~250 steps per env.
-    "ppo_continuous": (
-        dict(
-            env_name="Pendulum-v1",
-            num_envs=4,
-            num_steps=50,
-            total_timesteps=4 * 50 * 4,
-            num_minibatches=2,
-            update_epochs=2,
-            num_seeds=1,
-        ),
-        4,
-        1e-3,
-    ),
-    "dqn": (DQN_SMALL_TRAIN, 5, 1e-3),
-    # dqn.py's, with small distributional heads.
-    "c51": (dict(**DQN_SMALL_TRAIN, num_atoms=11, v_min=-10.0, v_max=10.0), 5, 1e-3),
-    "qr_dqn": (dict(**DQN_SMALL_TRAIN, num_quantiles=8), 5, 1e-3),
-    "iqn": (dict(**DQN_SMALL_TRAIN, num_taus=4, num_target_taus=5, num_action_taus=3, embedding_dim=8), 5, 3e-4),
-    # c51.py's, with 2-step returns (windows cut at episode ends and at the newest write within the run).
-    "rainbow": (dict(**DQN_SMALL_TRAIN, num_atoms=11, v_min=-10.0, v_max=10.0, n_step=2), 5, 3e-4),
-    # Pendulum: every episode ends at the last step, all 4 envs together (so the mean return divides
-    # by 4, exact however XLA computes x / n). 4 envs and a train interval of 3 divide neither way:
-    # rounds of gradient steps fall between vectorized steps, some of which owe two; learning starts
-    # inside the first update.
-    "sac": (
-        dict(
-            env_name="Pendulum-v1",
-            num_envs=4,
-            num_steps=50,
-            total_timesteps=4 * 50 * 4,
-            buffer_size=800,
-            batch_size=16,
-            learning_starts=100,
-            train_frequency=3,
-            hidden_size=16,
-            num_seeds=1,
-        ),
-        4,
-        3e-3,
-    ),
-    # As sac's; the first update owes an odd number of critic steps, so the actor's (every 2nd) fall
-    # across update boundaries.
-    "td3": (
-        dict(
-            env_name="Pendulum-v1",
-            num_envs=4,
-            num_steps=50,
-            total_timesteps=4 * 50 * 4,
-            buffer_size=800,
-            batch_size=16,
-            learning_starts=100,
-            train_frequency=3,
-            policy_delay=2,
-            hidden_size=16,
-            num_seeds=1,
-        ),
-        4,
-        3e-3,
-    ),
-}
+# The training tests' small configs (tests/specs/<name>.py's train_config, train_updates, other_lr), under
+# the name tests/test_rainbow.py reads: (Config fields, updates they give, another learning rate).
+SMALL_TRAIN = {name: (spec.train_config, spec.train_updates, spec.other_lr) for name, spec in SPECS.items()}
 _SHARED = {}
 
 
@@ -406,9 +260,12 @@ def _shared(key, make):
 
 @pytest.fixture(scope="module")
 def config(name):
-    fields, updates, other_lr = SMALL_TRAIN[name]
-    config = load_algorithm(name).Config(**{"env_name": "CartPole-v1", **fields})
-    assert config.num_updates == updates and config.lr != other_lr
+    """The small training config of algorithm `name`'s spec (CartPole-v1 unless it names another env),
+    compiled once per session and shared by tests/test_train.py and the algorithm's own test file; a
+    module says which algorithm it tests with a `name` fixture."""
+    spec = SPECS[name]
+    config = load_algorithm(name).Config(**{"env_name": "CartPole-v1", **spec.train_config})
+    assert config.num_updates == spec.train_updates and config.lr != spec.other_lr
     return config
 
 

@@ -1,4 +1,4 @@
-"""What every algorithm's `train` must satisfy, on the small configs in conftest.SMALL_TRAIN:
+"""What every algorithm's `train` must satisfy, on the small configs of its spec (tests/specs/<name>.py):
 one key alone equals that key inside a vmapped batch, the same key twice is identical, a sweep
 point equals the run whose Config has that value, and running in chunks of `train.update` (as the
 run harness does) equals one call. Algorithm-specific checks live in tests/test_<name>_train.py."""
@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_cli import ALGORITHMS
+from specs import COMMON_METRICS, SPECS
 
-from conftest import ROOT, SMALL_TRAIN, _shared, load_algorithm
+from conftest import ALGORITHM_NAMES, SPECIFIED, _shared, load_algorithm
 from onefile_harness.chunks import chunk_updates
 
 # These compile programs of their own for every file; the fast loop runs them on ppo.py only
@@ -22,25 +22,25 @@ SLOW_EXCEPT_PPO = {
     "test_chunked_run_matches_train",
 }
 
-# Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code).
+# Tolerance for runs that must agree up to float reassociation (batched vs unbatched XLA code), unless a
+# file's spec gives its own (train_tolerance: sac.py's and ppo_continuous.py's Pendulum runs).
 RTOL, ATOL = 1e-5, 1e-6
-# sac.py's 200 Pendulum steps per env amplify that rounding far more: its batched and single runs
-# agree bit for bit under the command line's XLA code but differ by up to 6e-5 in Adam's moments
-# under the tests' (conftest.TEST_XLA_FLAGS); on an AVX-512 AMD EPYC a sweep point and its run differed
-# by 5e-5 in an actor weight. Its (rtol, atol) are test_cli's for its Pendulum runs, in every check here.
-# ppo_continuous.py draws its Gaussian action noise inside the rollout's loop, which XLA fuses with
-# other arithmetic in the vmapped program than in the single one; Pendulum amplifies that too.
-FILE_TOLERANCE = {name: ALGORITHMS[name].tolerance for name in ("sac", "ppo_continuous")}
-# td3.py's targets take a minimum over its twin critics: where the two are nearly equal, a rounding
-# difference between two programs picks the other one and changes a gradient step by far more than
-# rounding (seen: 9% of a parameter after 4 updates on an AVX-512 CPU). Its sweep-equals-run check
-# therefore runs with one critic (DDPG's target, no minimum), to a tolerance that still allows the
-# smoothed target action's clip to [-1, 1] (a kink too, but a rare one); the twin minimum is tested
-# against NumPy in tests/test_td3.py.
-SWEEP_CHECK_CHANGES = {"td3": (dict(num_critics=1), 1e-3)}
 
 
-@pytest.fixture(scope="module", params=[n for n in SMALL_TRAIN if (ROOT / "algorithms" / f"{n}.py").exists()])
+def tolerance(name) -> tuple:
+    return SPECS[name].train_tolerance or (RTOL, ATOL)
+
+
+def test_every_algorithm_file_has_a_spec_and_every_spec_a_file():
+    """What the shared tests run per algorithm is its spec: a file without one would go untested."""
+    for name in ALGORITHM_NAMES:
+        assert name in SPECS, f"algorithms/{name}.py has no spec: add tests/specs/{name}.py"
+    for name, spec in SPECS.items():
+        assert name in ALGORITHM_NAMES, f"tests/specs/{name}.py is the spec of no file: algorithms/{name}.py is missing"
+        assert spec.built_from in (None, *SPECS), f"tests/specs/{name}.py: built_from={spec.built_from!r} has no spec"
+
+
+@pytest.fixture(scope="module", params=SPECIFIED)
 def name(request):
     return request.param
 
@@ -64,7 +64,7 @@ def row(tree, i):
 
 def test_vmapped_run_matches_single_runs(name, single, batched):
     runner, metrics = batched
-    rtol, atol = FILE_TOLERANCE.get(name, (RTOL, ATOL))
+    rtol, atol = tolerance(name)
     for i in (0, 1):
         single_runner, single_metrics = single[i]
         assert set(metrics) == set(single_metrics)
@@ -139,7 +139,7 @@ def swept(name, config, keys):
     """jax.vmap over the sweep points of `sweep_points` in one program, all from keys[0]."""
 
     def make():
-        module, other_lr = load_algorithm(name), SMALL_TRAIN[name][2]
+        module, other_lr = load_algorithm(name), SPECS[name].other_lr
         fields, hparams = sweep_points(module, config, other_lr)
         other = dataclasses.replace(config, lr=other_lr)
         out = jax.jit(jax.vmap(module.make_train(other), in_axes=(None, 0)))(keys[0], hparams)
@@ -152,10 +152,10 @@ def test_sweep_point_equals_run_with_that_config(name, config, single, swept):
     """The lr point of a program built for another lr is the run whose Config has that lr."""
     _, hparams, (runner, metrics) = swept
     single_runner, single_metrics = single[0]  # make_train(config)(keys[0])
-    rtol, atol = FILE_TOLERANCE.get(name, (RTOL, ATOL))
+    rtol, atol = tolerance(name)
     assert_close(row(metrics, 1), single_metrics, rtol=rtol, atol=atol)
     assert_close(row(runner.params, 1), single_runner.params, rtol=rtol, atol=atol)
-    np.testing.assert_allclose(runner.hparams.lr[:2], [SMALL_TRAIN[name][2], config.lr], rtol=1e-7)
+    np.testing.assert_allclose(runner.hparams.lr[:2], [SPECS[name].other_lr, config.lr], rtol=1e-7)
     # The learning rate really is a run-time input: the two points train differently.
     assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3, equal_nan=True)
 
@@ -178,10 +178,10 @@ def test_a_sweep_point_equals_the_run_with_those_values_in_its_config(name, conf
     of a program built for other values equals the run whose Config has those values. One program
     checks every field: one read from the Config rather than the run's HParams, or mapped to the
     wrong HParams field, would make the two differ (the test above shows each field acts)."""
-    module, other_lr = load_algorithm(name), SMALL_TRAIN[name][2]
-    rtol, atol = FILE_TOLERANCE.get(name, (RTOL, ATOL))
-    if name in SWEEP_CHECK_CHANGES:
-        changes, rtol = SWEEP_CHECK_CHANGES[name]
+    module, other_lr = load_algorithm(name), SPECS[name].other_lr
+    rtol, atol = tolerance(name)
+    if SPECS[name].sweep_check:
+        changes, rtol = SPECS[name].sweep_check
         config = dataclasses.replace(config, **changes)
         _, hparams = sweep_points(module, config, other_lr)
         program = jax.jit(jax.vmap(module.make_train(dataclasses.replace(config, lr=other_lr)), in_axes=(None, 0)))
@@ -207,39 +207,17 @@ def test_chunked_run_matches_train(name, train, config, keys, single):
     assert len(parts) == 2 and config.num_updates % chunk
     metrics = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     single_runner, single_metrics = single[0]
-    rtol, atol = FILE_TOLERANCE.get(name, (RTOL, ATOL))
+    rtol, atol = tolerance(name)
     assert_close({k: v[: config.num_updates] for k, v in metrics.items()}, single_metrics, rtol=rtol, atol=atol)
     assert_close(jax.device_get(runner), single_runner, rtol=rtol, atol=atol)
     assert not metrics["finite"][config.num_updates :].any()  # skipped updates report nothing
-
-
-# Every metric each algorithm's update reports; each has one value per update.
-COMMON_METRICS = {"env_steps", "episode_return", "episode_length", "episodes_finished", "loss", "grad_norm", "finite"}
-METRICS = {
-    "ppo": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
-    "ppo_rnn": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
-    "ppo_trxl": COMMON_METRICS | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
-    "ppo_rnd": COMMON_METRICS
-    | {"policy_loss", "value_loss", "value_loss_int", "entropy", "approx_kl", "clip_fraction", "intrinsic_reward"}
-    | {"rnd_loss"},
-    "ppo_continuous": COMMON_METRICS
-    | {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "action_std", "return_std"},
-    "pqn": COMMON_METRICS | {"q_mean", "epsilon"},
-    "dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
-    "c51": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
-    "qr_dqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
-    "iqn": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
-    "rainbow": COMMON_METRICS | {"q_mean", "epsilon", "gradient_steps", "target_updates"},
-    "sac": COMMON_METRICS | {"actor_loss", "q_mean", "entropy", "alpha", "gradient_steps"},
-    "td3": COMMON_METRICS | {"actor_loss", "q_mean", "gradient_steps", "actor_steps"},
-}
 
 
 def test_metric_shapes_and_bookkeeping(name, config, single, batched):
     _, metrics = single[0]
     _, all_metrics = batched
     U = config.num_updates
-    assert set(metrics) == METRICS[name]
+    assert set(metrics) == COMMON_METRICS | SPECS[name].metrics
     for metric in metrics:
         assert np.shape(metrics[metric]) == (U,), metric
         assert np.shape(all_metrics[metric]) == (len(all_metrics["loss"]), U), metric
@@ -253,7 +231,7 @@ def test_metric_shapes_and_bookkeeping(name, config, single, batched):
     for metric in ("episode_return", "episode_length"):
         np.testing.assert_array_equal(np.isnan(all_metrics[metric]), finished == 0, err_msg=metric)
     assert metrics["finite"].dtype == bool and all_metrics["finite"].all()
-    for metric in METRICS[name] - {"finite"}:
+    for metric in set(metrics) - {"finite"}:
         assert np.isfinite(np.nan_to_num(all_metrics[metric], nan=0.0)).all(), metric
 
 

@@ -1,0 +1,46 @@
+"""dqn.py's spec (tests/specs/__init__.py), whose configs and checks the files made from it share."""
+
+import numpy as np
+
+from specs import SMALL_SEEDS, SOLVED, Spec, cli_flags
+
+
+def learning_checks(dqn, config, metrics, greedy, tmp_path):
+    np.testing.assert_array_equal(metrics["gradient_steps"].sum(-1), dqn.total_gradient_steps(config))
+    # The greedy policy (no exploration) does at least as well on fresh episodes.
+    assert (greedy >= SOLVED).all(), f"greedy evaluation returns per seed: {np.round(greedy, 1)}"
+
+
+SPEC = Spec(
+    # dqn.py's (and c51.py's, qr_dqn.py's and iqn.py's): num_envs=3 divides neither interval, so gradient steps
+    # and target updates fall between vectorized steps.
+    train_config=dict(
+        num_envs=3,
+        num_steps=8,
+        total_timesteps=3 * 8 * 5,
+        buffer_size=50,
+        batch_size=16,
+        learning_starts=30,
+        train_frequency=4,
+        target_update_frequency=10,
+        eps_fraction=0.5,
+        num_seeds=1,
+    ),
+    train_updates=5,
+    other_lr=1e-3,
+    metrics={"q_mean", "epsilon", "gradient_steps", "target_updates"},
+    # 2 seeds of 12 updates, gradient steps from update 3.
+    small=cli_flags(total_timesteps=2400, num_envs=4, num_steps=50, num_seeds=SMALL_SEEDS)
+    + cli_flags(buffer_size=1000, batch_size=32, learning_starts=400, train_frequency=4)
+    + cli_flags(target_update_frequency=100, eval_episodes=4),
+    steps_per_update=200,
+    bad_inputs={
+        "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+        # 2e9 slots of 41 B for 8 seeds: 656 GB; refused before allocating, naming the size.
+        "buffer-beyond-memory": (["--buffer-size", "2000000000"], "656 GB"),
+        "unknown-loss": (["--loss", "l1"], "--loss"),
+        "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau"),
+    },
+    target=SOLVED,
+    learning_checks=learning_checks,
+)

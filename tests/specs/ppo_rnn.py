@@ -1,0 +1,52 @@
+"""ppo_rnn.py's spec (tests/specs/__init__.py)."""
+
+import numpy as np
+
+from specs import SMALL_SEEDS, Spec, cli_flags
+
+
+def learning_checks(ppo_rnn, config, metrics, greedy, tmp_path):
+    """Memory is what works: ppo.py's MLP (its own defaults), fed the same position-only
+    observations with the same seeds for the same number of steps, stays far below."""
+    from test_learning import command_line_run
+
+    from conftest import load_algorithm
+    from onefile_harness import stats
+
+    ppo_rnn.validate(config)  # registers the file's partially observed envs with gymnax, where ppo.py finds them
+    same_run = ["--env-name", config.env_name, "--total-timesteps", config.total_timesteps]
+    mlp_metrics, _ = command_line_run(
+        load_algorithm("ppo"), [*same_run, "--num-seeds", config.num_seeds], tmp_path / "mlp", own_process=False
+    )
+    mlp_finals = stats.final_returns(mlp_metrics)
+    assert (mlp_finals < 200).all(), f"ppo.py final returns per seed without velocities: {np.round(mlp_finals, 1)}"
+
+
+SPEC = Spec(
+    # 4 envs of CartPole without velocities, 2 minibatches of 2 whole env sequences.
+    train_config=dict(
+        env_name="CartPole-v1-no-velocity",
+        num_envs=4,
+        num_steps=16,
+        total_timesteps=4 * 16 * 6,
+        num_minibatches=2,
+        update_epochs=2,
+        num_seeds=1,
+        hidden_size=16,
+    ),
+    train_updates=6,
+    other_lr=1e-3,
+    metrics={"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"},
+    small=cli_flags(total_timesteps=2048, num_envs=4, num_steps=32, num_seeds=SMALL_SEEDS),
+    steps_per_update=128,
+    bad_inputs={
+        "minibatches-do-not-divide-envs": (["--num-envs", "4", "--num-minibatches", "3"], "--num-minibatches"),
+        "negative-num-layers": (["--num-layers", "-1"], "--num-layers"),
+    },
+    # CartPole-v1 observing only cart position and pole angle: the velocities must be remembered.
+    target=400.0,
+    learning_checks=learning_checks,
+    env="CartPole-v1-no-velocity",
+    obs_dim=2,
+    first_kernel="input_gates/kernel",
+)

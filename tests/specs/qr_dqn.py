@@ -1,0 +1,21 @@
+"""qr_dqn.py's spec (tests/specs/__init__.py): dqn.py's runs, with a small quantile head."""
+
+from specs import SOLVED, Spec, dqn
+
+SPEC = Spec(
+    train_config=dict(**dqn.SPEC.train_config, num_quantiles=8),
+    train_updates=5,
+    other_lr=1e-3,
+    metrics={"q_mean", "epsilon", "gradient_steps", "target_updates"},
+    small=dqn.SPEC.small,
+    steps_per_update=200,
+    bad_inputs={
+        "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
+        "no-quantiles": (["--num-quantiles", "0"], "--num-quantiles"),
+        "kappa-zero": (["--kappa", "0"], "--kappa"),
+        "sweep-kappa-zero": (["--sweep", "kappa=1,0"], "kappa"),
+    },
+    target=SOLVED,
+    learning_checks=dqn.learning_checks,
+    built_from="dqn",
+)
