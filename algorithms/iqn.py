@@ -13,7 +13,10 @@ vmapped into one program, each with its own buffer:
 Needs jax, flax, optax, chex, gymnax and numpy only; importing it defines things and does nothing else."""
 
 import argparse
+import ast
 import dataclasses
+import difflib
+import inspect
 import json
 import os
 import pathlib
@@ -56,7 +59,7 @@ class Config:
     num_target_taus: Annotated[int, "N': levels of the targets (the paper's 64)", "0 < num_target_taus < 2**31"] = 8
     num_action_taus: Annotated[int, "K: levels whose mean acts (the paper's 32)", "0 < num_action_taus < 2**31"] = 8
     embedding_dim: Annotated[int, "cosines in the embedding of tau (the paper's 64)", "0 < embedding_dim < 2**31"] = 32
-    kappa: Annotated[float, "quantile Huber threshold (the paper's 1: slow on CartPole)", "0 < kappa < inf"] = 100.0
+    kappa: Annotated[float, "quantile Huber threshold (the paper's is 1)", "0 < kappa < inf"] = 100.0
     lr: Annotated[float, "Adam learning rate (start value when annealed; the paper's 5e-5)", "0 < lr < inf"] = 1e-3
     anneal_lr: Annotated[bool, "decay the learning rate linearly to 0 over all gradient steps"] = True
     gamma: Annotated[float, "discount factor", "0 <= gamma <= 1"] = 0.99
@@ -140,7 +143,7 @@ def q_values(config: Config, network: nn.Module, params, obs: jax.Array, key: ja
     return network.apply(params, obs, taus).mean(-2)
 
 
-# ---- The algorithm: the replay buffer, the TD loss, and the training loop ----
+# ---- The replay buffer (the same in dqn.py, c51.py, qr_dqn.py, iqn.py: tests/test_files.py) ----
 class Transition(NamedTuple):
     obs: jax.Array  # [..., obs_dim]
     action: jax.Array  # [...] int32
@@ -173,8 +176,7 @@ def buffer_add(buffer: ReplayBuffer, batch: Transition) -> ReplayBuffer:
 def buffer_sample(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> Transition:
     """`batch_size` transitions from the filled slots, each as likely as any other (batch / size) and, once the buffer
     holds a batch, none twice: one from each of `batch_size` nearly equal strata of the filled range, rotated by a
-    uniform offset. Each batch spans the buffer evenly: draws with replacement, noisier, left more of c51.py's
-    CartPole seeds below a return of 475."""
+    uniform offset. Each batch spans the buffer evenly, less noisy than draws with replacement."""
     slot_key, shift_key = jax.random.split(key)
     n, j = buffer.size, jnp.arange(batch_size + 1, dtype=jnp.int32)
     bounds = j * (n // batch_size) + j * (n % batch_size) // batch_size  # floor(j * n / batch) without int32 overflow
@@ -184,6 +186,7 @@ def buffer_sample(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> Tran
     return jax.tree.map(lambda store: store[slots], buffer.data)
 
 
+# ---- The training loop's parts (the same in dqn.py, c51.py, qr_dqn.py, iqn.py, rainbow.py: tests/test_files.py) ----
 class Runner(NamedTuple):  # everything one run carries from update to update
     params: Any  # {"q": online Q-network parameters}
     target_params: Any  # {"q": target network parameters}
@@ -219,6 +222,21 @@ def epsilon(config: Config, hparams: HParams, env_steps: jax.Array) -> jax.Array
     return hparams.eps_start + (hparams.eps_end - hparams.eps_start) * progress
 
 
+def epsilon_greedy(q: jax.Array, epsilon: jax.Array, key: jax.Array) -> jax.Array:
+    """Epsilon-greedy on [..., num_actions] Q-values: a uniformly random action with probability epsilon."""
+    explore_key, action_key = jax.random.split(key)
+    explore = jax.random.uniform(explore_key, q.shape[:-1]) < epsilon
+    return jnp.where(explore, jax.random.randint(action_key, q.shape[:-1], 0, q.shape[-1]), jnp.argmax(q, -1))
+
+
+def make_optimizer(config: Config, hparams: HParams):
+    num_grad_steps = max(1, total_gradient_steps(config))
+    anneal = lambda count: hparams.lr * jnp.maximum(1.0 - count / num_grad_steps, 0.0)  # noqa: E731
+    lr = anneal if config.anneal_lr else hparams.lr
+    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm), optax.adam(learning_rate=lr))
+
+
+# ---- The algorithm: the TD loss ----
 def quantile_huber_loss(quantiles: jax.Array, taus: jax.Array, targets: jax.Array, kappa: jax.Array) -> jax.Array:
     """Quantile Huber loss of estimates `quantiles` [B, N] at their levels `taus` [B, N] against sampled `targets`
     [B, N']: with u = targets[b, j] - quantiles[b, i],
@@ -232,8 +250,8 @@ def quantile_huber_loss(quantiles: jax.Array, taus: jax.Array, targets: jax.Arra
     return weighted.mean(-1).sum(-1).mean()
 
 
-def make_td_loss(config: Config, network: nn.Module) -> Callable:
-    """`td_loss(params, target_params, batch, hp, key) -> (loss, aux)` for Q-network params.
+def td_loss(config: Config, networks: Networks, params, target_params, batch: Transition, hp: HParams, key: jax.Array):
+    """(loss, aux) of the online Q-network's `params` against the target's `target_params` ({"q": ...} each).
 
     From `key`: N levels tau [B, N] for the taken action's quantiles, N' levels tau' [B, N'] for the targets
     reward + gamma * (1 - terminated) * Z_tau'(final_obs, a'), and K levels for a', the action of the highest mean
@@ -241,48 +259,39 @@ def make_td_loss(config: Config, network: nn.Module) -> Callable:
     a time-limit truncation bootstraps from the state it cut off; only `terminated` zeroes the bootstrap. The loss is
     `quantile_huber_loss`; aux holds the taken actions' Q-values (mean quantiles), the target quantiles, both sets of
     levels and the Q-values that chose a'."""
-
-    def td_loss(params, target_params, batch: Transition, hp: HParams, key: jax.Array):
-        tau_key, target_tau_key, action_key = jax.random.split(key, 3)
-        B = batch.action.shape[0]
-        chooser = jax.lax.stop_gradient(params) if config.double_dqn else target_params
-        next_q = q_values(config, network, chooser, batch.final_obs, action_key)
-        next_action = jnp.argmax(next_q, -1)
-        target_taus = jax.random.uniform(target_tau_key, (B, config.num_target_taus))
-        next_quantiles = network.apply(target_params, batch.final_obs, target_taus)  # [B, N', actions]
-        next_quantiles = jnp.take_along_axis(next_quantiles, next_action[:, None, None], -1)[..., 0]
-        chex.assert_equal_shape([batch.reward, batch.terminated, batch.action, next_action])
-        target = batch.reward[:, None] + hp.gamma * (1.0 - batch.terminated[:, None]) * next_quantiles
-        target = jax.lax.stop_gradient(target)
-        taus = jax.random.uniform(tau_key, (B, config.num_taus))
-        quantiles = jnp.take_along_axis(network.apply(params, batch.obs, taus), batch.action[:, None, None], -1)[..., 0]
-        chex.assert_shape([target, quantiles], [(B, config.num_target_taus), (B, config.num_taus)])
-        loss = quantile_huber_loss(quantiles, taus, target, hp.kappa)
-        return loss, {
-            "q": quantiles.mean(-1),
-            "target": target,
-            "taus": taus,
-            "target_taus": target_taus,
-            "next_q": next_q,
-        }
-
-    return td_loss
+    network, params, target_params = networks.q, params["q"], target_params["q"]
+    taus_key, target_taus_key, action_taus_key = jax.random.split(key, 3)
+    B = batch.action.shape[0]
+    chooser = jax.lax.stop_gradient(params) if config.double_dqn else target_params
+    next_q = q_values(config, network, chooser, batch.final_obs, action_taus_key)
+    next_action = jnp.argmax(next_q, -1)
+    target_taus = jax.random.uniform(target_taus_key, (B, config.num_target_taus))
+    next_quantiles = network.apply(target_params, batch.final_obs, target_taus)  # [B, N', actions]
+    next_quantiles = jnp.take_along_axis(next_quantiles, next_action[:, None, None], -1)[..., 0]
+    chex.assert_equal_shape([batch.reward, batch.terminated, batch.action, next_action])
+    target = batch.reward[:, None] + hp.gamma * (1.0 - batch.terminated[:, None]) * next_quantiles
+    target = jax.lax.stop_gradient(target)
+    taus = jax.random.uniform(taus_key, (B, config.num_taus))
+    quantiles = jnp.take_along_axis(network.apply(params, batch.obs, taus), batch.action[:, None, None], -1)[..., 0]
+    chex.assert_shape([target, quantiles], [(B, config.num_target_taus), (B, config.num_taus)])
+    loss = quantile_huber_loss(quantiles, taus, target, hp.kappa)
+    return loss, {
+        "q": quantiles.mean(-1),
+        "target": target,
+        "taus": taus,
+        "target_taus": target_taus,
+        "next_q": next_q,
+    }
 
 
-def make_optimizer(config: Config, hparams: HParams):
-    num_grad_steps = max(1, total_gradient_steps(config))
-    anneal = lambda count: hparams.lr * jnp.maximum(1.0 - count / num_grad_steps, 0.0)  # noqa: E731
-    lr = anneal if config.anneal_lr else hparams.lr
-    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm), optax.adam(learning_rate=lr))
-
-
+# ---- The training loop: dqn.py's, with a key for the levels tau that each env step acts on ----
 def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     """`train(rng, hparams=None) -> (runner, metrics of shape [num_updates])`: `train.init(rng, hparams)`, then
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    network = make_networks(config, env.num_actions).q
-    td_loss = make_td_loss(config, network)
+    networks = make_networks(config, env.num_actions)
+    network = networks.q
     T, N = config.num_steps, config.num_envs
     max_grad_steps = -(-N // config.train_frequency)  # the most one vectorized step can owe (usually 0 or 1 are due)
 
@@ -304,9 +313,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         """One Adam step on a batch drawn from the buffer: (runner, its loss, mean Q and gradient norm)."""
         sample_key, loss_key = jax.random.split(key)
         batch = buffer_sample(runner.buffer, sample_key, config.batch_size)
-        hp, target_params = runner.hparams, runner.target_params["q"]
-        loss_fn = lambda params: td_loss(params["q"], target_params, batch, hp, loss_key)  # noqa: E731
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params)
+        hp, loss_and_grad = runner.hparams, jax.value_and_grad(td_loss, argnums=2, has_aux=True)
+        (loss, aux), grads = loss_and_grad(config, networks, runner.params, runner.target_params, batch, hp, loss_key)
         updates, opt_state = make_optimizer(config, hp).update(grads, runner.opt_state)
         stats = dict(loss=loss, q_mean=aux["q"].mean(), grad_norm=optax.tree.norm(grads))
         return runner._replace(params=optax.apply_updates(runner.params, updates), opt_state=opt_state), stats
@@ -337,12 +345,13 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         def env_step(runner: Runner, inputs):
             """One vectorized epsilon-greedy env step into the buffer, then the gradient steps and target updates."""
             t, key = inputs
-            act_key, taus_key, env_key, learn_key = jax.random.split(key, 4)
+            action_key, action_taus_key, env_key, learn_key = jax.random.split(key, 4)
             before = (update_index * T + t) * N  # env steps of this run before this vectorized step
             # Same for every seed and sweep point (not batched under vmap): the conds in learn stay conds.
             eps = epsilon(config, hp, before)
             obs = runner.episodes.obs
-            action = sample_action(act_key, q_values(config, network, runner.params["q"], obs, taus_key), eps)
+            q = q_values(config, network, runner.params["q"], obs, action_taus_key)
+            action = epsilon_greedy(q, eps, action_key)
             step = env.step(env_key, runner.episodes.env_state, action)
             buffer = buffer_add(runner.buffer, Transition(obs, action, step.reward, step.terminated, step.final_obs))
             runner = runner._replace(buffer=buffer, episodes=runner.episodes.after(step))
@@ -373,13 +382,6 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
 
 # ---- The policy's action ----
-def sample_action(key: jax.Array, q: jax.Array, epsilon: jax.Array) -> jax.Array:
-    """Epsilon-greedy on [..., num_actions] Q-values: a uniformly random action with probability epsilon."""
-    explore_key, action_key = jax.random.split(key)
-    explore = jax.random.uniform(explore_key, q.shape[:-1]) < epsilon
-    return jnp.where(explore, jax.random.randint(action_key, q.shape[:-1], 0, q.shape[-1]), jnp.argmax(q, -1))
-
-
 def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -> Callable:
     """`act(params, obs, key) -> action` for one observation in the env's own shape (vmap it for a batch): the
     action of the highest Q-value (the mean of K quantiles at levels drawn from `key`) of the online network, or
@@ -387,9 +389,9 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions).q
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
-        taus_key, explore_key = jax.random.split(key)
-        q = q_values(config, network, params["q"], obs.reshape(-1).astype(jnp.float32), taus_key)
-        return jnp.argmax(q) if greedy else sample_action(explore_key, q, config.eps_end)
+        action_taus_key, action_key = jax.random.split(key)
+        q = q_values(config, network, params["q"], obs.reshape(-1).astype(jnp.float32), action_taus_key)
+        return jnp.argmax(q) if greedy else epsilon_greedy(q, config.eps_end, action_key)
 
     return act
 
@@ -411,7 +413,13 @@ def require(ok: bool, message: str) -> None:
 
 
 def validate_hparams(values: dict) -> None:
-    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point."""
+    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point;
+    and Config names no field twice (the second line would silently replace the first)."""
+    try:  # without source (a class typed into a notebook cell) there is nothing to compare
+        names = [n.target.id for n in ast.parse(inspect.getsource(Config)).body[0].body if hasattr(n, "target")]
+    except (OSError, TypeError):
+        names = []
+    require(len(set(names)) == len(names), f"Config names {max(names or [''], key=names.count)} twice: rename one")
     rules = {field.name: typing.get_args(field.type)[2:] for field in dataclasses.fields(Config)}
     for name, value in values.items():
         for rule in rules[name]:
@@ -435,7 +443,11 @@ class VecEnv:
         import gymnax  # here: importing it computes with JAX, which must wait for configure_xla's flags
 
         require(env_name in gymnax.registered_envs, f"--env-name {env_name!r} is not in gymnax.registered_envs")
-        self.env, self.params = gymnax.make(env_name)
+        try:  # a download without a network, a missing package, a factory that raises: refused in one line
+            self.env, self.params = gymnax.make(env_name)
+        except Exception as error:
+            reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
+            raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
         space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
         kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
@@ -540,12 +552,14 @@ def configure_xla() -> None:
 
 
 def train_with_progress(config: Config, train: Callable):
-    """Every seed's run in one compiled program, printing the mean return and env steps/s every tenth of it."""
-    total, every, start = config.num_updates, -(-config.num_updates // 10), time.perf_counter()
+    """Every seed's run in one program, compiled, then trained with a report every tenth of it: (runner, metrics
+    [seeds, updates], {"compile": seconds, "train": seconds})."""
+    total, every, clock = config.num_updates, -(-config.num_updates // 10), [time.perf_counter()]
 
-    def report(index, mean_return):
-        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - start)
-        print(f"update {index + 1}/{total}: return {mean_return:.1f}, {speed:,.0f} env steps/s so far", flush=True)
+    def report(index, mean_return):  # this update's mean return over seeds, env steps/s since training began
+        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - clock[-1])
+        shown = f"{mean_return:.1f}" if np.isfinite(mean_return) else "- (no episode ended in this update)"
+        print(f"update {index + 1}/{total}: return {shown}, {speed:,.0f} env steps/s", flush=True)
 
     def update(runners, index: jax.Array):  # every seed's update, and a report every tenth of the run
         runners, metrics = jax.vmap(train.update, in_axes=(0, None))(runners, index)
@@ -555,8 +569,57 @@ def train_with_progress(config: Config, train: Callable):
 
     keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
     run = lambda keys: jax.lax.scan(update, jax.lax.map(train.init, keys), jnp.arange(total))  # noqa: E731
-    runner, metrics = jax.device_get(jax.jit(run)(keys))  # init by lax.map (not vmap), as the harness does on CPU
-    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}  # [seeds, updates]
+    compiled = jax.jit(run).lower(keys).compile()  # init by lax.map (not vmap), as the harness does on CPU
+    clock.append(time.perf_counter())
+    print(f"compiled in {clock[1] - clock[0]:.1f} s", flush=True)
+    runner, metrics = jax.device_get(compiled(keys))
+    seconds = {"compile": clock[1] - clock[0], "train": time.perf_counter() - clock[1]}
+    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}, seconds
+
+
+def summarise_run(config: Config, metrics: dict, greedy: np.ndarray, seconds: dict) -> dict:
+    """summary.json in the harness's names. A seed's final return: the mean return of its episodes that ended in the
+    last 5% of updates (None where none did)."""
+    last = -int(np.ceil(config.num_updates * 0.05))
+    returns, counts = metrics["episode_return"][:, last:], metrics["episodes_finished"][:, last:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        final = np.where(counts > 0, returns * counts, 0.0).sum(-1) / counts.sum(-1)
+    finite, number = final[np.isfinite(final)], lambda x: float(x) if np.isfinite(x) else None  # noqa: E731
+    summary = dict(algorithm=os.path.basename(__file__)[:-3], env_name=config.env_name, num_seeds=config.num_seeds)
+    summary |= dict(
+        total_timesteps=config.total_timesteps, trained_timesteps=config.num_updates * config.steps_per_update
+    )
+    summary |= {f"final_return_{f.__name__}": number(f(finite)) if finite.size else None for f in (np.mean, np.std)}
+    summary |= dict(final_return_per_seed=[number(x) for x in final], eval_return_mean=number(greedy.mean()))
+    summary |= {f"{name}_seconds": value for name, value in seconds.items()} | dict(backend=jax.default_backend())
+    return summary | dict(steps_per_second=summary["trained_timesteps"] * config.num_seeds / seconds["train"])
+
+
+def report_lines(summary: dict) -> str:
+    """The harness's closing lines, of what a file alone computes."""
+    show = {
+        k: "n/a" if v is None else f"{v:.1f}" for k, v in summary.items() if k.endswith(("_mean", "_std", "_seconds"))
+    }
+    return (
+        f"final: return {show['final_return_mean']} ± {show['final_return_std']} over {summary['num_seeds']} seeds "
+        f"(episodes ending in the last 5% of training), greedy eval {show['eval_return_mean']}\ncompile "
+        f"{show['compile_seconds']} s, train {show['train_seconds']} s ({summary['steps_per_second']:,.0f} env "
+        f"steps/s), eval {show['eval_seconds']} s"
+    )
+
+
+HARNESS_OPTIONS = "sweep compile-cache checkpoint checkpoint-every checkpoint-buffer resume eval-only render track "
+HARNESS_OPTIONS += "wandb-project quiet pbt pbt-interval pbt-fraction pbt-fields pbt-bounds pbt-perturb pbt-fitness"
+
+
+def unknown_option(name: str, given: list, options: list) -> str:
+    """What to say of an option this file alone lacks: that it is the run harness's, or the closest of its own."""
+    option = next((word.split("=")[0] for word in given if word.startswith("-")), given[0])
+    if option.lstrip("-").removeprefix("no-") in HARNESS_OPTIONS.split():
+        return f"{option}: an option of the run harness (algorithms/onefile_harness/), not of {name} alone"
+    squash = lambda text: text.lstrip("-").replace("-", "").replace("_", "").lower()  # noqa: E731  (--mtau: --m-tau)
+    close = difflib.get_close_matches(squash(option), (ours := {squash(o): o for o in options}), n=1)
+    return f"{option}: not an option of {name}" + (f"; did you mean {ours[close[0]]}?" if close else " (see --help)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -564,14 +627,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_xla()  # before JAX's first computation
     name, fields = os.path.basename(__file__), dataclasses.fields(Config)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
-    for field in fields:
-        (kind, doc, *rules), option = typing.get_args(field.type), "--" + field.name.replace("_", "-")
-        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
-        parser.add_argument(option, default=field.default, help="; ".join([doc, *rules]), **parse)
-    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
     try:
+        for field in fields:
+            kind, *text = typing.get_args(field.type) or (field.type, "")  # its help and rules; a plain `x: float` too
+            require(kind in (bool, int, float, str), f"Config.{field.name}: a flag takes bool, int, float or str")
+            parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+            parse |= dict(default=field.default, help="; ".join(text))
+            parser.add_argument("--" + field.name.replace("_", "-"), **parse)
+        parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
         args, unknown = parser.parse_known_args(argv)
-        require(not unknown, f"{' '.join(unknown)}: not an option of {name} alone (--help), but of the run harness")
+        require(not unknown, unknown and unknown_option(name, unknown, list(parser._option_string_actions)))
         config = Config(**{field.name: getattr(args, field.name) for field in fields})
         train, evaluate = make_train(config), make_evaluate(config)
         os.makedirs(args.runs_dir, exist_ok=True)
@@ -582,15 +647,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
     (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
-    runner, metrics = train_with_progress(config, train)
+    runner, metrics, seconds = train_with_progress(config, train)
     params, keys = saved_params(runner), jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    greedy = np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    start, greedy = time.perf_counter(), np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    summary = summarise_run(config, metrics, greedy, {**seconds, "eval": time.perf_counter() - start})
     point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
-    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy))
+    wall = seconds["train"] * np.arange(1, config.num_updates + 1) / config.num_updates  # spread evenly over updates
+    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy), wall_seconds=wall)
     (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(params)))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     for update, seed in np.argwhere(~metrics["finite"].T)[:1]:  # [update, seed] where NaN or inf first appeared
         print(f"error: NaN or inf first appeared at update {update + 1}, seed index {seed}", file=sys.stderr)
-    print(f"greedy return per seed {np.round(greedy, 1).tolist()}\nresults: {run_dir}", flush=True)
+    print(report_lines(summary) + f"\nresults: {run_dir}", flush=True)
     return 0 if metrics["finite"].all() else 3
 
 

@@ -15,7 +15,10 @@ Needs jax, flax, optax, chex, distrax, gymnax and numpy only; importing it defin
 """
 
 import argparse
+import ast
 import dataclasses
+import difflib
+import inspect
 import json
 import os
 import pathlib
@@ -40,8 +43,7 @@ HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithm
 ACTIONS = "continuous"  # the action spaces this algorithm takes
 
 
-# Defaults tuned on Pendulum-v1: rollouts of one whole 200-step episode per env learned faster and more evenly
-# across seeds than ppo.py's 32-step rollouts (benchmarks/README.md).
+# Defaults for Pendulum-v1: each rollout is one whole 200-step episode per env (docs/defaults.md).
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Each field is a flag (`lr` is --lr), annotated with its help, then the rules its value satisfies."""
@@ -187,7 +189,7 @@ def action_map(config: Config, env: "VecEnv") -> ActionMap:
     return ActionMap(jnp.asarray(low), jnp.asarray(high), config.squash)
 
 
-# ---- Normalisers: running observation statistics, and the discounted return that scales rewards ----
+# ---- Running statistics (the same in ppo_continuous.py, ppo_rnd.py: tests/test_files.py) ----
 class RunningStats(NamedTuple):  # mean and (population) variance of every sample seen so far, per feature
     mean: jax.Array
     var: jax.Array
@@ -199,21 +201,20 @@ class RunningStats(NamedTuple):  # mean and (population) variance of every sampl
 
 
 def update_stats(stats: RunningStats, batch: jax.Array) -> RunningStats:
-    """Merges a batch [..., *feature shape] into the statistics: Chan et al.'s parallel
-    form of Welford's update, so the result is the mean and variance of the whole stream, not
-    a moving average, and a batch's variance is never computed from sums of squares."""
+    """Merges a batch [..., *feature shape] of n_b samples, mean m_b, variance v_b, into the n_a seen so far (mean
+    m_a, variance v_a): the parallel form of Welford's update (Chan et al.), n = n_a + n_b, d = m_b - m_a, mean =
+    m_a + d n_b / n, var = (v_a n_a + v_b n_b + d^2 n_a n_b / n) / n, the whole stream's (not a moving average).
+    The count starts at 0, so the first batch sets the statistics to its own (no division by 0: n_b > 0)."""
     axes = tuple(range(batch.ndim - stats.mean.ndim))
-    batch_count = float(np.prod([batch.shape[a] for a in axes]))
-    batch_mean, batch_var = batch.mean(axes), batch.var(axes)
-    count = stats.count + batch_count
-    delta = batch_mean - stats.mean
-    mean = stats.mean + delta * (batch_count / count)
-    m2 = stats.var * stats.count + batch_var * batch_count + jnp.square(delta) * (stats.count * batch_count / count)
-    return RunningStats(mean=mean, var=m2 / count, count=count)
+    n_b = float(np.prod([batch.shape[a] for a in axes]))
+    n, delta = stats.count + n_b, batch.mean(axes) - stats.mean
+    m2 = stats.var * stats.count + batch.var(axes) * n_b + jnp.square(delta) * (stats.count * n_b / n)
+    return RunningStats(stats.mean + delta * (n_b / n), m2 / n, n)
 
 
+# ---- Normalisers: observations, and the discounted return that scales rewards ----
 def normalize(stats: RunningStats, x: jax.Array) -> jax.Array:
-    # The clip (as Stable-Baselines3's VecNormalize) bounds what a near-constant feature becomes.
+    # The clip (+-10, as Stable-Baselines3's VecNormalize; ppo_rnd.py's +-5 is RND's) bounds a near-constant feature.
     return jnp.clip((x - stats.mean) / jnp.sqrt(stats.var + 1e-8), -10.0, 10.0)
 
 
@@ -289,7 +290,7 @@ def policy_objective(config: Config, ratio, log_ratio, advantage, clip_eps):
     return -jnp.minimum(ratio * advantage, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantage)
 
 
-def ppo_loss(config: Config, networks: Networks, to_env: ActionMap, params, minibatch: Batch, hp: HParams, key):
+def ppo_loss(config: Config, networks: Networks, params, minibatch: Batch, to_env: ActionMap, hp: HParams, key):
     """The policy objective (clipped surrogate or DPO), the clipped value loss and the entropy bonus
     of one minibatch. `key` is unused by PPO itself: it is there for a loss that samples (noise, dropout)."""
     mean, log_std = networks.actor.apply(params["actor"], minibatch.obs)
@@ -354,7 +355,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
         def env_step(episodes: Episodes, key: jax.Array):
             action_key, env_key = jax.random.split(key)
-            action, log_prob = sample_action(networks, to_env, params, norm(episodes.obs), action_key)
+            mean, log_std = networks.actor.apply(params["actor"], norm(episodes.obs))
+            action, log_prob = sample_action(mean, log_std, to_env, action_key)
             step = env.step(env_key, episodes.env_state, to_env(action))
             done = step.terminated | step.truncated
             transition = Transition(episodes.obs, action, log_prob, step.reward, step.terminated, done, step.final_obs)
@@ -378,8 +380,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
         def minibatch_step(train, inputs):
             (params, opt_state), (minibatch, key) = train, inputs
-            grad = jax.grad(ppo_loss, argnums=3, has_aux=True)
-            grads, stats = grad(config, networks, to_env, params, minibatch, hp, key)
+            grad = jax.grad(ppo_loss, argnums=2, has_aux=True)
+            grads, stats = grad(config, networks, params, minibatch, to_env, hp, key)
             updates, opt_state = optimizer.update(grads, opt_state)
             return (optax.apply_updates(params, updates), opt_state), {**stats, "grad_norm": optax.tree.norm(grads)}
 
@@ -423,9 +425,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
 
 # ---- The policy's action ----
-def sample_action(networks: Networks, to_env: ActionMap, params, obs: jax.Array, key: jax.Array):
-    """A Gaussian sample u per (normalised) observation, drawn from `key`, and its log-probability."""
-    mean, log_std = networks.actor.apply(params["actor"], obs)
+def sample_action(mean: jax.Array, log_std: jax.Array, to_env: ActionMap, key: jax.Array):
+    """A Gaussian sample u, drawn from `key`, and its log-probability, for each row of (mean, log_std)."""
     action = policy(mean, log_std).sample(seed=key)
     return action, to_env.log_prob(action, mean, log_std)
 
@@ -466,7 +467,13 @@ def require(ok: bool, message: str) -> None:
 
 
 def validate_hparams(values: dict) -> None:
-    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point."""
+    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point;
+    and Config names no field twice (the second line would silently replace the first)."""
+    try:  # without source (a class typed into a notebook cell) there is nothing to compare
+        names = [n.target.id for n in ast.parse(inspect.getsource(Config)).body[0].body if hasattr(n, "target")]
+    except (OSError, TypeError):
+        names = []
+    require(len(set(names)) == len(names), f"Config names {max(names or [''], key=names.count)} twice: rename one")
     rules = {field.name: typing.get_args(field.type)[2:] for field in dataclasses.fields(Config)}
     for name, value in values.items():
         for rule in rules[name]:
@@ -490,7 +497,11 @@ class VecEnv:
         import gymnax  # here: importing it computes with JAX, which must wait for configure_xla's flags
 
         require(env_name in gymnax.registered_envs, f"--env-name {env_name!r} is not in gymnax.registered_envs")
-        self.env, self.params = gymnax.make(env_name)
+        try:  # a download without a network, a missing package, a factory that raises: refused in one line
+            self.env, self.params = gymnax.make(env_name)
+        except Exception as error:
+            reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
+            raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
         space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
         kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
@@ -595,12 +606,14 @@ def configure_xla() -> None:
 
 
 def train_with_progress(config: Config, train: Callable):
-    """Every seed's run in one compiled program, printing the mean return and env steps/s every tenth of it."""
-    total, every, start = config.num_updates, -(-config.num_updates // 10), time.perf_counter()
+    """Every seed's run in one program, compiled, then trained with a report every tenth of it: (runner, metrics
+    [seeds, updates], {"compile": seconds, "train": seconds})."""
+    total, every, clock = config.num_updates, -(-config.num_updates // 10), [time.perf_counter()]
 
-    def report(index, mean_return):
-        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - start)
-        print(f"update {index + 1}/{total}: return {mean_return:.1f}, {speed:,.0f} env steps/s so far", flush=True)
+    def report(index, mean_return):  # this update's mean return over seeds, env steps/s since training began
+        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - clock[-1])
+        shown = f"{mean_return:.1f}" if np.isfinite(mean_return) else "- (no episode ended in this update)"
+        print(f"update {index + 1}/{total}: return {shown}, {speed:,.0f} env steps/s", flush=True)
 
     def update(runners, index: jax.Array):  # every seed's update, and a report every tenth of the run
         runners, metrics = jax.vmap(train.update, in_axes=(0, None))(runners, index)
@@ -610,8 +623,57 @@ def train_with_progress(config: Config, train: Callable):
 
     keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
     run = lambda keys: jax.lax.scan(update, jax.lax.map(train.init, keys), jnp.arange(total))  # noqa: E731
-    runner, metrics = jax.device_get(jax.jit(run)(keys))  # init by lax.map (not vmap), as the harness does on CPU
-    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}  # [seeds, updates]
+    compiled = jax.jit(run).lower(keys).compile()  # init by lax.map (not vmap), as the harness does on CPU
+    clock.append(time.perf_counter())
+    print(f"compiled in {clock[1] - clock[0]:.1f} s", flush=True)
+    runner, metrics = jax.device_get(compiled(keys))
+    seconds = {"compile": clock[1] - clock[0], "train": time.perf_counter() - clock[1]}
+    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}, seconds
+
+
+def summarise_run(config: Config, metrics: dict, greedy: np.ndarray, seconds: dict) -> dict:
+    """summary.json in the harness's names. A seed's final return: the mean return of its episodes that ended in the
+    last 5% of updates (None where none did)."""
+    last = -int(np.ceil(config.num_updates * 0.05))
+    returns, counts = metrics["episode_return"][:, last:], metrics["episodes_finished"][:, last:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        final = np.where(counts > 0, returns * counts, 0.0).sum(-1) / counts.sum(-1)
+    finite, number = final[np.isfinite(final)], lambda x: float(x) if np.isfinite(x) else None  # noqa: E731
+    summary = dict(algorithm=os.path.basename(__file__)[:-3], env_name=config.env_name, num_seeds=config.num_seeds)
+    summary |= dict(
+        total_timesteps=config.total_timesteps, trained_timesteps=config.num_updates * config.steps_per_update
+    )
+    summary |= {f"final_return_{f.__name__}": number(f(finite)) if finite.size else None for f in (np.mean, np.std)}
+    summary |= dict(final_return_per_seed=[number(x) for x in final], eval_return_mean=number(greedy.mean()))
+    summary |= {f"{name}_seconds": value for name, value in seconds.items()} | dict(backend=jax.default_backend())
+    return summary | dict(steps_per_second=summary["trained_timesteps"] * config.num_seeds / seconds["train"])
+
+
+def report_lines(summary: dict) -> str:
+    """The harness's closing lines, of what a file alone computes."""
+    show = {
+        k: "n/a" if v is None else f"{v:.1f}" for k, v in summary.items() if k.endswith(("_mean", "_std", "_seconds"))
+    }
+    return (
+        f"final: return {show['final_return_mean']} ± {show['final_return_std']} over {summary['num_seeds']} seeds "
+        f"(episodes ending in the last 5% of training), greedy eval {show['eval_return_mean']}\ncompile "
+        f"{show['compile_seconds']} s, train {show['train_seconds']} s ({summary['steps_per_second']:,.0f} env "
+        f"steps/s), eval {show['eval_seconds']} s"
+    )
+
+
+HARNESS_OPTIONS = "sweep compile-cache checkpoint checkpoint-every checkpoint-buffer resume eval-only render track "
+HARNESS_OPTIONS += "wandb-project quiet pbt pbt-interval pbt-fraction pbt-fields pbt-bounds pbt-perturb pbt-fitness"
+
+
+def unknown_option(name: str, given: list, options: list) -> str:
+    """What to say of an option this file alone lacks: that it is the run harness's, or the closest of its own."""
+    option = next((word.split("=")[0] for word in given if word.startswith("-")), given[0])
+    if option.lstrip("-").removeprefix("no-") in HARNESS_OPTIONS.split():
+        return f"{option}: an option of the run harness (algorithms/onefile_harness/), not of {name} alone"
+    squash = lambda text: text.lstrip("-").replace("-", "").replace("_", "").lower()  # noqa: E731  (--mtau: --m-tau)
+    close = difflib.get_close_matches(squash(option), (ours := {squash(o): o for o in options}), n=1)
+    return f"{option}: not an option of {name}" + (f"; did you mean {ours[close[0]]}?" if close else " (see --help)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -619,14 +681,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_xla()  # before JAX's first computation
     name, fields = os.path.basename(__file__), dataclasses.fields(Config)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
-    for field in fields:
-        (kind, doc, *rules), option = typing.get_args(field.type), "--" + field.name.replace("_", "-")
-        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
-        parser.add_argument(option, default=field.default, help="; ".join([doc, *rules]), **parse)
-    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
     try:
+        for field in fields:
+            kind, *text = typing.get_args(field.type) or (field.type, "")  # its help and rules; a plain `x: float` too
+            require(kind in (bool, int, float, str), f"Config.{field.name}: a flag takes bool, int, float or str")
+            parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+            parse |= dict(default=field.default, help="; ".join(text))
+            parser.add_argument("--" + field.name.replace("_", "-"), **parse)
+        parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
         args, unknown = parser.parse_known_args(argv)
-        require(not unknown, f"{' '.join(unknown)}: not an option of {name} alone (--help), but of the run harness")
+        require(not unknown, unknown and unknown_option(name, unknown, list(parser._option_string_actions)))
         config = Config(**{field.name: getattr(args, field.name) for field in fields})
         train, evaluate = make_train(config), make_evaluate(config)
         os.makedirs(args.runs_dir, exist_ok=True)
@@ -637,15 +701,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
     (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
-    runner, metrics = train_with_progress(config, train)
+    runner, metrics, seconds = train_with_progress(config, train)
     params, keys = saved_params(runner), jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    greedy = np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    start, greedy = time.perf_counter(), np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    summary = summarise_run(config, metrics, greedy, {**seconds, "eval": time.perf_counter() - start})
     point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
-    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy))
+    wall = seconds["train"] * np.arange(1, config.num_updates + 1) / config.num_updates  # spread evenly over updates
+    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy), wall_seconds=wall)
     (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(params)))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     for update, seed in np.argwhere(~metrics["finite"].T)[:1]:  # [update, seed] where NaN or inf first appeared
         print(f"error: NaN or inf first appeared at update {update + 1}, seed index {seed}", file=sys.stderr)
-    print(f"greedy return per seed {np.round(greedy, 1).tolist()}\nresults: {run_dir}", flush=True)
+    print(report_lines(summary) + f"\nresults: {run_dir}", flush=True)
     return 0 if metrics["finite"].all() else 3
 
 

@@ -11,8 +11,11 @@ Needs jax, flax, optax, chex, gymnax and numpy only; importing it defines things
 """
 
 import argparse
+import ast
 import dataclasses
+import difflib
 import functools
+import inspect
 import json
 import os
 import pathlib
@@ -94,7 +97,7 @@ def validate(config: Config) -> None:
     register_memory_envs()
 
 
-# ---- Partially observable environments ----
+# ---- Partially observable environments (the same in ppo_rnn.py, ppo_trxl.py: tests/test_files.py) ----
 def observation_subset(base_name: str, keep: list, **kwargs):
     """A gymnax env showing only the entries `keep` of `base_name`'s observation, its dynamics, rewards, termination,
     time limit, params and name (gymnax draws it) the env's own: its class, extended here (gymnax is imported only
@@ -223,8 +226,12 @@ def gru_unroll(kernel, bias, hidden, gates, start):
     return jax.lax.scan(step, hidden, (gates, start))[1]
 
 
-def make_networks(config: Config, num_actions: int) -> ActorCritic:
-    return ActorCritic(num_actions, config.hidden_size, config.num_layers, config.activation)
+class Networks(NamedTuple):
+    actor_critic: nn.Module  # (GRU state, obs) -> (GRU state, logits, value); its parameters: all of params
+
+
+def make_networks(config: Config, num_actions: int) -> Networks:
+    return Networks(actor_critic=ActorCritic(num_actions, config.hidden_size, config.num_layers, config.activation))
 
 
 # ---- The algorithm: GAE, the PPO loss, and the training loop ----
@@ -267,11 +274,11 @@ def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
     return advantage, advantage + value
 
 
-def ppo_loss(network: ActorCritic, params, minibatch: Transition, hidden: jax.Array, hp: HParams, key: jax.Array):
+def ppo_loss(config: Config, networks: Networks, params, minibatch: Transition, hidden: jax.Array, hp: HParams, key):
     """The clipped surrogate, the clipped value loss and the entropy bonus of a minibatch of env sequences
     ([T, n, ...]) replayed through the GRU from the state `hidden` [n, H] before their first step. `key` is
     unused by PPO itself: it is there for a loss that samples (noise, dropout)."""
-    _, logits, value = network.apply(params, hidden, minibatch.obs, minibatch.start, method=ActorCritic.unroll)
+    _, logits, value = networks.actor_critic.apply(params, hidden, minibatch.obs, minibatch.start, method="unroll")
     log_probs = jax.nn.log_softmax(logits)
     log_prob = jnp.take_along_axis(log_probs, minibatch.action[..., None], -1)[..., 0]
     log_ratio = log_prob - minibatch.log_prob
@@ -301,7 +308,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.rollout(params, episodes, hidden, key)` is its acting."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    network = make_networks(config, env.num_actions)
+    networks = make_networks(config, env.num_actions)
+    network = networks.actor_critic
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
@@ -342,7 +350,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
         def minibatch_step(train, inputs):
             (params, opt_state), (minibatch, hidden, key) = train, inputs
-            grads, stats = jax.grad(ppo_loss, argnums=1, has_aux=True)(network, params, minibatch, hidden, hp, key)
+            grad = jax.grad(ppo_loss, argnums=2, has_aux=True)
+            grads, stats = grad(config, networks, params, minibatch, hidden, hp, key)
             updates, opt_state = optimizer.update(grads, opt_state)
             return (optax.apply_updates(params, updates), opt_state), {**stats, "grad_norm": optax.tree.norm(grads)}
 
@@ -377,7 +386,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
 # ---- The policy's action ----
 def sample_action(logits: jax.Array, key: jax.Array):
-    """An action drawn from softmax(logits) for each env, and its log-probability."""
+    """An action drawn from softmax(logits), and its log-probability, for each row of logits."""
     action = jax.random.categorical(key, logits)
     return action, jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], -1)[..., 0]
 
@@ -387,7 +396,7 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     batch), memory the GRU state, `act.memory` (zeros) where an episode begins: the most probable action, or
     (greedy=False) one drawn from the softmax as in training."""
     register_memory_envs()  # so that VecEnv finds CartPole-v1-no-velocity
-    network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions)
+    network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions).actor_critic
 
     def act(params, obs: jax.Array, key: jax.Array, memory: jax.Array):
         memory, logits, _ = network.apply(params, memory, obs.reshape(-1).astype(jnp.float32))
@@ -414,7 +423,13 @@ def require(ok: bool, message: str) -> None:
 
 
 def validate_hparams(values: dict) -> None:
-    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point."""
+    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point;
+    and Config names no field twice (the second line would silently replace the first)."""
+    try:  # without source (a class typed into a notebook cell) there is nothing to compare
+        names = [n.target.id for n in ast.parse(inspect.getsource(Config)).body[0].body if hasattr(n, "target")]
+    except (OSError, TypeError):
+        names = []
+    require(len(set(names)) == len(names), f"Config names {max(names or [''], key=names.count)} twice: rename one")
     rules = {field.name: typing.get_args(field.type)[2:] for field in dataclasses.fields(Config)}
     for name, value in values.items():
         for rule in rules[name]:
@@ -438,7 +453,11 @@ class VecEnv:
         import gymnax  # here: importing it computes with JAX, which must wait for configure_xla's flags
 
         require(env_name in gymnax.registered_envs, f"--env-name {env_name!r} is not in gymnax.registered_envs")
-        self.env, self.params = gymnax.make(env_name)
+        try:  # a download without a network, a missing package, a factory that raises: refused in one line
+            self.env, self.params = gymnax.make(env_name)
+        except Exception as error:
+            reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
+            raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
         space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
         kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
@@ -543,12 +562,14 @@ def configure_xla() -> None:
 
 
 def train_with_progress(config: Config, train: Callable):
-    """Every seed's run in one compiled program, printing the mean return and env steps/s every tenth of it."""
-    total, every, start = config.num_updates, -(-config.num_updates // 10), time.perf_counter()
+    """Every seed's run in one program, compiled, then trained with a report every tenth of it: (runner, metrics
+    [seeds, updates], {"compile": seconds, "train": seconds})."""
+    total, every, clock = config.num_updates, -(-config.num_updates // 10), [time.perf_counter()]
 
-    def report(index, mean_return):
-        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - start)
-        print(f"update {index + 1}/{total}: return {mean_return:.1f}, {speed:,.0f} env steps/s so far", flush=True)
+    def report(index, mean_return):  # this update's mean return over seeds, env steps/s since training began
+        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - clock[-1])
+        shown = f"{mean_return:.1f}" if np.isfinite(mean_return) else "- (no episode ended in this update)"
+        print(f"update {index + 1}/{total}: return {shown}, {speed:,.0f} env steps/s", flush=True)
 
     def update(runners, index: jax.Array):  # every seed's update, and a report every tenth of the run
         runners, metrics = jax.vmap(train.update, in_axes=(0, None))(runners, index)
@@ -558,8 +579,57 @@ def train_with_progress(config: Config, train: Callable):
 
     keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
     run = lambda keys: jax.lax.scan(update, jax.lax.map(train.init, keys), jnp.arange(total))  # noqa: E731
-    runner, metrics = jax.device_get(jax.jit(run)(keys))  # init by lax.map (not vmap), as the harness does on CPU
-    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}  # [seeds, updates]
+    compiled = jax.jit(run).lower(keys).compile()  # init by lax.map (not vmap), as the harness does on CPU
+    clock.append(time.perf_counter())
+    print(f"compiled in {clock[1] - clock[0]:.1f} s", flush=True)
+    runner, metrics = jax.device_get(compiled(keys))
+    seconds = {"compile": clock[1] - clock[0], "train": time.perf_counter() - clock[1]}
+    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}, seconds
+
+
+def summarise_run(config: Config, metrics: dict, greedy: np.ndarray, seconds: dict) -> dict:
+    """summary.json in the harness's names. A seed's final return: the mean return of its episodes that ended in the
+    last 5% of updates (None where none did)."""
+    last = -int(np.ceil(config.num_updates * 0.05))
+    returns, counts = metrics["episode_return"][:, last:], metrics["episodes_finished"][:, last:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        final = np.where(counts > 0, returns * counts, 0.0).sum(-1) / counts.sum(-1)
+    finite, number = final[np.isfinite(final)], lambda x: float(x) if np.isfinite(x) else None  # noqa: E731
+    summary = dict(algorithm=os.path.basename(__file__)[:-3], env_name=config.env_name, num_seeds=config.num_seeds)
+    summary |= dict(
+        total_timesteps=config.total_timesteps, trained_timesteps=config.num_updates * config.steps_per_update
+    )
+    summary |= {f"final_return_{f.__name__}": number(f(finite)) if finite.size else None for f in (np.mean, np.std)}
+    summary |= dict(final_return_per_seed=[number(x) for x in final], eval_return_mean=number(greedy.mean()))
+    summary |= {f"{name}_seconds": value for name, value in seconds.items()} | dict(backend=jax.default_backend())
+    return summary | dict(steps_per_second=summary["trained_timesteps"] * config.num_seeds / seconds["train"])
+
+
+def report_lines(summary: dict) -> str:
+    """The harness's closing lines, of what a file alone computes."""
+    show = {
+        k: "n/a" if v is None else f"{v:.1f}" for k, v in summary.items() if k.endswith(("_mean", "_std", "_seconds"))
+    }
+    return (
+        f"final: return {show['final_return_mean']} ± {show['final_return_std']} over {summary['num_seeds']} seeds "
+        f"(episodes ending in the last 5% of training), greedy eval {show['eval_return_mean']}\ncompile "
+        f"{show['compile_seconds']} s, train {show['train_seconds']} s ({summary['steps_per_second']:,.0f} env "
+        f"steps/s), eval {show['eval_seconds']} s"
+    )
+
+
+HARNESS_OPTIONS = "sweep compile-cache checkpoint checkpoint-every checkpoint-buffer resume eval-only render track "
+HARNESS_OPTIONS += "wandb-project quiet pbt pbt-interval pbt-fraction pbt-fields pbt-bounds pbt-perturb pbt-fitness"
+
+
+def unknown_option(name: str, given: list, options: list) -> str:
+    """What to say of an option this file alone lacks: that it is the run harness's, or the closest of its own."""
+    option = next((word.split("=")[0] for word in given if word.startswith("-")), given[0])
+    if option.lstrip("-").removeprefix("no-") in HARNESS_OPTIONS.split():
+        return f"{option}: an option of the run harness (algorithms/onefile_harness/), not of {name} alone"
+    squash = lambda text: text.lstrip("-").replace("-", "").replace("_", "").lower()  # noqa: E731  (--mtau: --m-tau)
+    close = difflib.get_close_matches(squash(option), (ours := {squash(o): o for o in options}), n=1)
+    return f"{option}: not an option of {name}" + (f"; did you mean {ours[close[0]]}?" if close else " (see --help)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -567,14 +637,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_xla()  # before JAX's first computation
     name, fields = os.path.basename(__file__), dataclasses.fields(Config)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
-    for field in fields:
-        (kind, doc, *rules), option = typing.get_args(field.type), "--" + field.name.replace("_", "-")
-        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
-        parser.add_argument(option, default=field.default, help="; ".join([doc, *rules]), **parse)
-    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
     try:
+        for field in fields:
+            kind, *text = typing.get_args(field.type) or (field.type, "")  # its help and rules; a plain `x: float` too
+            require(kind in (bool, int, float, str), f"Config.{field.name}: a flag takes bool, int, float or str")
+            parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+            parse |= dict(default=field.default, help="; ".join(text))
+            parser.add_argument("--" + field.name.replace("_", "-"), **parse)
+        parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
         args, unknown = parser.parse_known_args(argv)
-        require(not unknown, f"{' '.join(unknown)}: not an option of {name} alone (--help), but of the run harness")
+        require(not unknown, unknown and unknown_option(name, unknown, list(parser._option_string_actions)))
         config = Config(**{field.name: getattr(args, field.name) for field in fields})
         train, evaluate = make_train(config), make_evaluate(config)
         os.makedirs(args.runs_dir, exist_ok=True)
@@ -585,15 +657,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
     (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
-    runner, metrics = train_with_progress(config, train)
+    runner, metrics, seconds = train_with_progress(config, train)
     params, keys = saved_params(runner), jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    greedy = np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    start, greedy = time.perf_counter(), np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    summary = summarise_run(config, metrics, greedy, {**seconds, "eval": time.perf_counter() - start})
     point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
-    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy))
+    wall = seconds["train"] * np.arange(1, config.num_updates + 1) / config.num_updates  # spread evenly over updates
+    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy), wall_seconds=wall)
     (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(params)))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     for update, seed in np.argwhere(~metrics["finite"].T)[:1]:  # [update, seed] where NaN or inf first appeared
         print(f"error: NaN or inf first appeared at update {update + 1}, seed index {seed}", file=sys.stderr)
-    print(f"greedy return per seed {np.round(greedy, 1).tolist()}\nresults: {run_dir}", flush=True)
+    print(report_lines(summary) + f"\nresults: {run_dir}", flush=True)
     return 0 if metrics["finite"].all() else 3
 
 

@@ -14,7 +14,10 @@ Needs jax, flax, optax, chex, gymnax and numpy only; importing it defines things
 """
 
 import argparse
+import ast
 import dataclasses
+import difflib
+import inspect
 import json
 import os
 import pathlib
@@ -47,17 +50,17 @@ class Config:
     num_envs: Annotated[int, "parallel environments per run", "0 < num_envs < 2**31"] = 10
     num_steps: Annotated[int, "steps per environment in each update (one metrics row)", "0 < num_steps < 2**31"] = 100
     buffer_size: Annotated[int, "replay buffer capacity per run (>= num_envs)", "0 < buffer_size < 2**31"] = 10_000
-    batch_size: Annotated[int, "transitions per gradient step (128: 6 of 48 seeds missed 475)", "batch_size > 0"] = 256
+    batch_size: Annotated[int, "transitions per gradient step (256: steadier than 128)", "batch_size > 0"] = 256
     learning_starts: Annotated[int, "env steps before gradient steps begin", "0 <= learning_starts < 2**31"] = 10_000
     train_frequency: Annotated[int, "env steps (all envs) per gradient step", "0 < train_frequency < 2**31"] = 10
     target_update_frequency: Annotated[int, "env steps per target update", "0 < target_update_frequency < 2**31"] = 500
     tau: Annotated[float, "target <- tau * online + (1 - tau) * target (1 copies)", "0 < tau <= 1"] = 1.0
     double_dqn: Annotated[bool, "double DQN: the online network picks the next action, the target rates it"] = True
     num_atoms: Annotated[int, "each action's return atoms, evenly spaced in [v_min, v_max]", "num_atoms >= 2"] = 101
-    v_min: Annotated[float, "lowest atom (default: CartPole's returns, up to 100 at gamma 0.99, with room)"] = -150.0
-    v_max: Annotated[float, "highest atom (at 100, CartPole's values piled up on it and 2 of 8 seeds failed)"] = 150.0
-    lr: Annotated[float, "Adam learning rate (start if annealed; 2e-4 learned too slowly)", "0 < lr < inf"] = 1e-3
-    anneal_lr: Annotated[bool, "decay the learning rate linearly to 0 (off: returns dipped late)"] = True
+    v_min: Annotated[float, "lowest atom (wider atoms: CartPole's values reach 100 at gamma 0.99)"] = -150.0
+    v_max: Annotated[float, "highest atom (wider atoms: values piled up on an atom at 100)"] = 150.0
+    lr: Annotated[float, "Adam learning rate (start value when annealed)", "0 < lr < inf"] = 1e-3
+    anneal_lr: Annotated[bool, "decay the learning rate linearly to 0 over all gradient steps"] = True
     gamma: Annotated[float, "discount factor", "0 <= gamma <= 1"] = 0.99
     max_grad_norm: Annotated[float, "global gradient-norm clip", "0 < max_grad_norm < inf"] = 1000.0
     n_step: Annotated[int, "rewards summed before the bootstrap (fewer at an episode's end)", "0 < n_step < 2**31"] = 3
@@ -68,11 +71,11 @@ class Config:
     dueling: Annotated[bool, "dueling head: per atom, value + advantage - mean advantage over actions"] = True
     noisy: Annotated[bool, "noisy nets: every layer's weights get learned factorised Gaussian noise"] = True
     sigma0: Annotated[float, "noisy layers' initial noise scale (sigma0 / sqrt(fan in))", "0 <= sigma0 < inf"] = 0.5
-    eps_start: Annotated[float, "epsilon at the start (0: 3 of 8 seeds kept one action)", "0 <= eps_start <= 1"] = 1.0
+    eps_start: Annotated[float, "epsilon at the start (noise alone explores too little)", "0 <= eps_start <= 1"] = 1.0
     eps_end: Annotated[float, "epsilon once the decay is over (0: noisy nets explore alone)", "0 <= eps_end <= 1"] = 0.0
     eps_fraction: Annotated[float, "share of total_timesteps epsilon takes to decay", "0 <= eps_fraction <= 1"] = 0.1
     activation: Annotated[str, "hidden activation", "activation in ('relu', 'tanh')"] = "relu"
-    hidden_size: Annotated[int, "units per hidden layer (128 made steps 2.5x slower)", "0 < hidden_size < 2**31"] = 64
+    hidden_size: Annotated[int, "units per hidden layer (64: faster steps than 128)", "0 < hidden_size < 2**31"] = 64
     num_layers: Annotated[int, "hidden layers of the Q-network", "0 < num_layers < 2**31"] = 2
     eval_episodes: Annotated[int, "greedy evaluation episodes per run after training", "eval_episodes > 0"] = 16
     seed: Annotated[int, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]"] = 0
@@ -190,7 +193,7 @@ def support(config: Config) -> jax.Array:
     return jnp.linspace(config.v_min, config.v_max, config.num_atoms, dtype=jnp.float32)
 
 
-# ---- The algorithm: the prioritised replay buffer, n-step returns, the TD loss, and the training loop ----
+# ---- The replay buffer: dqn.py's with priorities, and n-step returns made at sampling time ----
 class Transition(NamedTuple):
     obs: jax.Array  # [..., obs_dim]
     action: jax.Array  # [...] int32
@@ -227,7 +230,7 @@ def buffer_add(buffer: ReplayBuffer, batch: Transition) -> ReplayBuffer:
 def uniform_slots(buffer: ReplayBuffer, key: jax.Array, batch_size: int) -> jax.Array:
     """`batch_size` slots of the filled ones, each as likely as any other (batch / size) and, once the buffer
     holds a batch, none twice: one from each of `batch_size` nearly equal strata of the filled range, rotated by a
-    uniform offset (c51.py's sampling: draws with replacement left more of its CartPole seeds below 475)."""
+    uniform offset (c51.py's sampling: less noisy than draws with replacement)."""
     slot_key, shift_key = jax.random.split(key)
     n, j = buffer.size, jnp.arange(batch_size + 1, dtype=jnp.int32)
     bounds = j * (n // batch_size) + j * (n % batch_size) // batch_size  # floor(j * n / batch) without int32 overflow
@@ -279,6 +282,7 @@ def n_step_batch(buffer: ReplayBuffer, slots: jax.Array, n_step: int, num_envs: 
     return Batch(data.obs[slots], data.action[slots], reward, discount, data.final_obs[last], jnp.ones_like(reward))
 
 
+# ---- The training loop's parts (the same in dqn.py, c51.py, qr_dqn.py, iqn.py, rainbow.py: tests/test_files.py) ----
 class Runner(NamedTuple):  # everything one run carries from update to update
     params: Any  # {"q": online Q-network parameters}
     target_params: Any  # {"q": target network parameters}
@@ -314,11 +318,26 @@ def epsilon(config: Config, hparams: HParams, env_steps: jax.Array) -> jax.Array
     return hparams.eps_start + (hparams.eps_end - hparams.eps_start) * progress
 
 
+def epsilon_greedy(q: jax.Array, epsilon: jax.Array, key: jax.Array) -> jax.Array:
+    """Epsilon-greedy on [..., num_actions] Q-values: a uniformly random action with probability epsilon."""
+    explore_key, action_key = jax.random.split(key)
+    explore = jax.random.uniform(explore_key, q.shape[:-1]) < epsilon
+    return jnp.where(explore, jax.random.randint(action_key, q.shape[:-1], 0, q.shape[-1]), jnp.argmax(q, -1))
+
+
+def make_optimizer(config: Config, hparams: HParams):
+    num_grad_steps = max(1, total_gradient_steps(config))
+    anneal = lambda count: hparams.lr * jnp.maximum(1.0 - count / num_grad_steps, 0.0)  # noqa: E731
+    lr = anneal if config.anneal_lr else hparams.lr
+    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm), optax.adam(learning_rate=lr))
+
+
+# ---- The algorithm: the TD loss and the training loop ----
 def project(probs: jax.Array, shifted: jax.Array, atoms: jax.Array) -> jax.Array:
     """Projects distributions with mass `probs` [B, K] at returns `shifted` [B, K] onto the evenly spaced
     `atoms` [K]: each shifted atom, clipped to [v_min, v_max], splits its mass between the two atoms around it
     in proportion to closeness; the lower one is floor(b), b = (shifted - v_min) / dz, kept below K - 1, so an
-    atom on a grid point keeps all its mass. Two scatter-adds: the [B, K, K] weights are 50x slower on CPU."""
+    atom on a grid point keeps all its mass. Two scatter-adds: faster on CPU than [B, K, K] weights."""
     num_atoms = atoms.shape[0]
     dz = (atoms[-1] - atoms[0]) / (num_atoms - 1)
     b = jnp.clip((shifted - atoms[0]) / dz, 0, num_atoms - 1)  # [B, K]: shifted clipped to [v_min, v_max]
@@ -329,40 +348,30 @@ def project(probs: jax.Array, shifted: jax.Array, atoms: jax.Array) -> jax.Array
     return target.at[rows, lower + 1].add(probs * upper_share)
 
 
-def make_td_loss(config: Config, network: nn.Module) -> Callable:
-    """`td_loss(params, target_params, batch, hp, key) -> (loss, aux)` for Q-network params.
+def td_loss(config: Config, networks: Networks, params, target_params, batch: Batch, hp: HParams, key: jax.Array):
+    """(loss, aux) of the online Q-network's `params` against the target's `target_params` ({"q": ...} each).
 
     The target: the target network's distribution of (next_obs, a') shifted to the n-step reward + discount * z and
     projected (`project`), a' the argmax of the expected value by the target network or (double DQN) the online one;
     each network draws one noise from `key`. The loss: the importance-weighted mean of the cross entropies (in aux)."""
     atoms = support(config)
-
-    def td_loss(params, target_params, batch: Batch, hp: HParams, key: jax.Array):
-        online_key, target_key = jax.random.split(key)
-        next_logits_target = logits_of(network, target_params, batch.next_obs, target_key)
-        online_logits = logits_of(network, params, batch.obs, online_key)
-        # Double DQN: the online network (the same noise: the same key) picks a'; no gradient flows through the choice.
-        next_online = lambda: logits_of(network, jax.lax.stop_gradient(params), batch.next_obs, online_key)  # noqa: E731
-        chooser = next_online() if config.double_dqn else next_logits_target
-        next_action = jnp.argmax(jax.nn.softmax(chooser, -1) @ atoms, -1)
-        next_logits = jnp.take_along_axis(next_logits_target, next_action[:, None, None], -2)[:, 0]
-        chex.assert_equal_shape([batch.reward, batch.discount, batch.action, batch.weight, next_action])
-        shifted = batch.reward[:, None] + batch.discount[:, None] * atoms
-        target = jax.lax.stop_gradient(project(jax.nn.softmax(next_logits, -1), shifted, atoms))
-        logits = jnp.take_along_axis(online_logits, batch.action[:, None, None], -2)[:, 0]
-        chex.assert_shape([target, logits], (batch.action.shape[0], config.num_atoms))
-        cross_entropy = -(target * jax.nn.log_softmax(logits, -1)).sum(-1)
-        loss = (batch.weight * cross_entropy).mean()
-        return loss, {"q": jax.nn.softmax(logits, -1) @ atoms, "target": target, "cross_entropy": cross_entropy}
-
-    return td_loss
-
-
-def make_optimizer(config: Config, hparams: HParams):
-    num_grad_steps = max(1, total_gradient_steps(config))
-    anneal = lambda count: hparams.lr * jnp.maximum(1.0 - count / num_grad_steps, 0.0)  # noqa: E731
-    lr = anneal if config.anneal_lr else hparams.lr
-    return optax.chain(optax.clip_by_global_norm(hparams.max_grad_norm), optax.adam(learning_rate=lr))
+    network, params, target_params = networks.q, params["q"], target_params["q"]
+    online_key, target_key = jax.random.split(key)
+    next_logits_target = logits_of(network, target_params, batch.next_obs, target_key)
+    online_logits = logits_of(network, params, batch.obs, online_key)
+    # Double DQN: the online network (the same noise: the same key) picks a'; no gradient flows through the choice.
+    next_online = lambda: logits_of(network, jax.lax.stop_gradient(params), batch.next_obs, online_key)  # noqa: E731
+    chooser = next_online() if config.double_dqn else next_logits_target
+    next_action = jnp.argmax(jax.nn.softmax(chooser, -1) @ atoms, -1)
+    next_logits = jnp.take_along_axis(next_logits_target, next_action[:, None, None], -2)[:, 0]
+    chex.assert_equal_shape([batch.reward, batch.discount, batch.action, batch.weight, next_action])
+    shifted = batch.reward[:, None] + batch.discount[:, None] * atoms
+    target = jax.lax.stop_gradient(project(jax.nn.softmax(next_logits, -1), shifted, atoms))
+    logits = jnp.take_along_axis(online_logits, batch.action[:, None, None], -2)[:, 0]
+    chex.assert_shape([target, logits], (batch.action.shape[0], config.num_atoms))
+    cross_entropy = -(target * jax.nn.log_softmax(logits, -1)).sum(-1)
+    loss = (batch.weight * cross_entropy).mean()
+    return loss, {"q": jax.nn.softmax(logits, -1) @ atoms, "target": target, "cross_entropy": cross_entropy}
 
 
 def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
@@ -370,8 +379,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    network = make_networks(config, env.num_actions).q
-    td_loss = make_td_loss(config, network)
+    networks = make_networks(config, env.num_actions)
+    network = networks.q
     T, N = config.num_steps, config.num_envs
     max_grad_steps = -(-N // config.train_frequency)  # the most one vectorized step can owe (usually 0 or 1 are due)
 
@@ -393,14 +402,14 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         """One Adam step on a batch of n-step transitions from the buffer (prioritised, with importance weights, or
         uniform), then the batch's new priorities: (runner, its loss, mean Q and gradient norm)."""
         sample_key, loss_key = jax.random.split(key)
-        hp, target_params, buffer = runner.hparams, runner.target_params["q"], runner.buffer
+        hp, buffer = runner.hparams, runner.buffer
         if config.prioritized:
             slots, weight = prioritized_slots(buffer, sample_key, config.batch_size, hp.alpha, beta)
         else:
             slots, weight = uniform_slots(buffer, sample_key, config.batch_size), jnp.ones(config.batch_size)
         batch = n_step_batch(buffer, slots, config.n_step, N, hp.gamma)._replace(weight=weight)
-        loss_fn = lambda params: td_loss(params["q"], target_params, batch, hp, loss_key)  # noqa: E731
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(runner.params)
+        loss_and_grad = jax.value_and_grad(td_loss, argnums=2, has_aux=True)
+        (loss, aux), grads = loss_and_grad(config, networks, runner.params, runner.target_params, batch, hp, loss_key)
         updates, opt_state = make_optimizer(config, hp).update(grads, runner.opt_state)
         stats = dict(loss=loss, q_mean=aux["q"].mean(), grad_norm=optax.tree.norm(grads))
         if config.prioritized:
@@ -436,12 +445,12 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
             """One vectorized env step into the buffer (epsilon-greedy on the Q-values of one draw of the noisy layers'
             noise, shared by the envs), then the gradient steps and target updates."""
             t, key = inputs
-            act_key, noise_key, env_key, learn_key = jax.random.split(key, 4)
+            action_key, noise_key, env_key, learn_key = jax.random.split(key, 4)
             before = (update_index * T + t) * N  # env steps of this run before this vectorized step
             # Same for every seed and sweep point (not batched under vmap): the conds in learn stay conds.
             eps = epsilon(config, hp, before)
             obs = runner.episodes.obs
-            action = sample_action(act_key, q_values(config, network, runner.params["q"], obs, noise_key), eps)
+            action = epsilon_greedy(q_values(config, network, runner.params["q"], obs, noise_key), eps, action_key)
             step = env.step(env_key, runner.episodes.env_state, action)
             transition = Transition(obs, action, step.reward, step.terminated, step.truncated, step.final_obs)
             runner = runner._replace(buffer=buffer_add(runner.buffer, transition), episodes=runner.episodes.after(step))
@@ -472,13 +481,6 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
 
 # ---- The policy's action ----
-def sample_action(key: jax.Array, q: jax.Array, epsilon: jax.Array) -> jax.Array:
-    """Epsilon-greedy on [..., num_actions] Q-values: a uniformly random action with probability epsilon."""
-    explore_key, action_key = jax.random.split(key)
-    explore = jax.random.uniform(explore_key, q.shape[:-1]) < epsilon
-    return jnp.where(explore, jax.random.randint(action_key, q.shape[:-1], 0, q.shape[-1]), jnp.argmax(q, -1))
-
-
 def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -> Callable:
     """`act(params, obs, key) -> action` for one observation in the env's own shape (vmap it for a batch): the
     action of the highest Q-value (expected return) of the online network at its noisy layers' mean weights
@@ -488,7 +490,7 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
         obs, (noise_key, action_key) = obs.reshape(-1).astype(jnp.float32), jax.random.split(key)
         q = q_values(config, network, params["q"], obs, None if greedy else noise_key)
-        return jnp.argmax(q) if greedy else sample_action(action_key, q, config.eps_end)
+        return jnp.argmax(q) if greedy else epsilon_greedy(q, config.eps_end, action_key)
 
     return act
 
@@ -510,7 +512,13 @@ def require(ok: bool, message: str) -> None:
 
 
 def validate_hparams(values: dict) -> None:
-    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point."""
+    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point;
+    and Config names no field twice (the second line would silently replace the first)."""
+    try:  # without source (a class typed into a notebook cell) there is nothing to compare
+        names = [n.target.id for n in ast.parse(inspect.getsource(Config)).body[0].body if hasattr(n, "target")]
+    except (OSError, TypeError):
+        names = []
+    require(len(set(names)) == len(names), f"Config names {max(names or [''], key=names.count)} twice: rename one")
     rules = {field.name: typing.get_args(field.type)[2:] for field in dataclasses.fields(Config)}
     for name, value in values.items():
         for rule in rules[name]:
@@ -534,7 +542,11 @@ class VecEnv:
         import gymnax  # here: importing it computes with JAX, which must wait for configure_xla's flags
 
         require(env_name in gymnax.registered_envs, f"--env-name {env_name!r} is not in gymnax.registered_envs")
-        self.env, self.params = gymnax.make(env_name)
+        try:  # a download without a network, a missing package, a factory that raises: refused in one line
+            self.env, self.params = gymnax.make(env_name)
+        except Exception as error:
+            reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
+            raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
         space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
         kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
@@ -639,12 +651,14 @@ def configure_xla() -> None:
 
 
 def train_with_progress(config: Config, train: Callable):
-    """Every seed's run in one compiled program, printing the mean return and env steps/s every tenth of it."""
-    total, every, start = config.num_updates, -(-config.num_updates // 10), time.perf_counter()
+    """Every seed's run in one program, compiled, then trained with a report every tenth of it: (runner, metrics
+    [seeds, updates], {"compile": seconds, "train": seconds})."""
+    total, every, clock = config.num_updates, -(-config.num_updates // 10), [time.perf_counter()]
 
-    def report(index, mean_return):
-        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - start)
-        print(f"update {index + 1}/{total}: return {mean_return:.1f}, {speed:,.0f} env steps/s so far", flush=True)
+    def report(index, mean_return):  # this update's mean return over seeds, env steps/s since training began
+        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - clock[-1])
+        shown = f"{mean_return:.1f}" if np.isfinite(mean_return) else "- (no episode ended in this update)"
+        print(f"update {index + 1}/{total}: return {shown}, {speed:,.0f} env steps/s", flush=True)
 
     def update(runners, index: jax.Array):  # every seed's update, and a report every tenth of the run
         runners, metrics = jax.vmap(train.update, in_axes=(0, None))(runners, index)
@@ -654,8 +668,57 @@ def train_with_progress(config: Config, train: Callable):
 
     keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
     run = lambda keys: jax.lax.scan(update, jax.lax.map(train.init, keys), jnp.arange(total))  # noqa: E731
-    runner, metrics = jax.device_get(jax.jit(run)(keys))  # init by lax.map (not vmap), as the harness does on CPU
-    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}  # [seeds, updates]
+    compiled = jax.jit(run).lower(keys).compile()  # init by lax.map (not vmap), as the harness does on CPU
+    clock.append(time.perf_counter())
+    print(f"compiled in {clock[1] - clock[0]:.1f} s", flush=True)
+    runner, metrics = jax.device_get(compiled(keys))
+    seconds = {"compile": clock[1] - clock[0], "train": time.perf_counter() - clock[1]}
+    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}, seconds
+
+
+def summarise_run(config: Config, metrics: dict, greedy: np.ndarray, seconds: dict) -> dict:
+    """summary.json in the harness's names. A seed's final return: the mean return of its episodes that ended in the
+    last 5% of updates (None where none did)."""
+    last = -int(np.ceil(config.num_updates * 0.05))
+    returns, counts = metrics["episode_return"][:, last:], metrics["episodes_finished"][:, last:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        final = np.where(counts > 0, returns * counts, 0.0).sum(-1) / counts.sum(-1)
+    finite, number = final[np.isfinite(final)], lambda x: float(x) if np.isfinite(x) else None  # noqa: E731
+    summary = dict(algorithm=os.path.basename(__file__)[:-3], env_name=config.env_name, num_seeds=config.num_seeds)
+    summary |= dict(
+        total_timesteps=config.total_timesteps, trained_timesteps=config.num_updates * config.steps_per_update
+    )
+    summary |= {f"final_return_{f.__name__}": number(f(finite)) if finite.size else None for f in (np.mean, np.std)}
+    summary |= dict(final_return_per_seed=[number(x) for x in final], eval_return_mean=number(greedy.mean()))
+    summary |= {f"{name}_seconds": value for name, value in seconds.items()} | dict(backend=jax.default_backend())
+    return summary | dict(steps_per_second=summary["trained_timesteps"] * config.num_seeds / seconds["train"])
+
+
+def report_lines(summary: dict) -> str:
+    """The harness's closing lines, of what a file alone computes."""
+    show = {
+        k: "n/a" if v is None else f"{v:.1f}" for k, v in summary.items() if k.endswith(("_mean", "_std", "_seconds"))
+    }
+    return (
+        f"final: return {show['final_return_mean']} ± {show['final_return_std']} over {summary['num_seeds']} seeds "
+        f"(episodes ending in the last 5% of training), greedy eval {show['eval_return_mean']}\ncompile "
+        f"{show['compile_seconds']} s, train {show['train_seconds']} s ({summary['steps_per_second']:,.0f} env "
+        f"steps/s), eval {show['eval_seconds']} s"
+    )
+
+
+HARNESS_OPTIONS = "sweep compile-cache checkpoint checkpoint-every checkpoint-buffer resume eval-only render track "
+HARNESS_OPTIONS += "wandb-project quiet pbt pbt-interval pbt-fraction pbt-fields pbt-bounds pbt-perturb pbt-fitness"
+
+
+def unknown_option(name: str, given: list, options: list) -> str:
+    """What to say of an option this file alone lacks: that it is the run harness's, or the closest of its own."""
+    option = next((word.split("=")[0] for word in given if word.startswith("-")), given[0])
+    if option.lstrip("-").removeprefix("no-") in HARNESS_OPTIONS.split():
+        return f"{option}: an option of the run harness (algorithms/onefile_harness/), not of {name} alone"
+    squash = lambda text: text.lstrip("-").replace("-", "").replace("_", "").lower()  # noqa: E731  (--mtau: --m-tau)
+    close = difflib.get_close_matches(squash(option), (ours := {squash(o): o for o in options}), n=1)
+    return f"{option}: not an option of {name}" + (f"; did you mean {ours[close[0]]}?" if close else " (see --help)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -663,14 +726,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_xla()  # before JAX's first computation
     name, fields = os.path.basename(__file__), dataclasses.fields(Config)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
-    for field in fields:
-        (kind, doc, *rules), option = typing.get_args(field.type), "--" + field.name.replace("_", "-")
-        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
-        parser.add_argument(option, default=field.default, help="; ".join([doc, *rules]), **parse)
-    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
     try:
+        for field in fields:
+            kind, *text = typing.get_args(field.type) or (field.type, "")  # its help and rules; a plain `x: float` too
+            require(kind in (bool, int, float, str), f"Config.{field.name}: a flag takes bool, int, float or str")
+            parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+            parse |= dict(default=field.default, help="; ".join(text))
+            parser.add_argument("--" + field.name.replace("_", "-"), **parse)
+        parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
         args, unknown = parser.parse_known_args(argv)
-        require(not unknown, f"{' '.join(unknown)}: not an option of {name} alone (--help), but of the run harness")
+        require(not unknown, unknown and unknown_option(name, unknown, list(parser._option_string_actions)))
         config = Config(**{field.name: getattr(args, field.name) for field in fields})
         train, evaluate = make_train(config), make_evaluate(config)
         os.makedirs(args.runs_dir, exist_ok=True)
@@ -681,15 +746,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
     (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
-    runner, metrics = train_with_progress(config, train)
+    runner, metrics, seconds = train_with_progress(config, train)
     params, keys = saved_params(runner), jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    greedy = np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    start, greedy = time.perf_counter(), np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    summary = summarise_run(config, metrics, greedy, {**seconds, "eval": time.perf_counter() - start})
     point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
-    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy))
+    wall = seconds["train"] * np.arange(1, config.num_updates + 1) / config.num_updates  # spread evenly over updates
+    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy), wall_seconds=wall)
     (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(params)))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     for update, seed in np.argwhere(~metrics["finite"].T)[:1]:  # [update, seed] where NaN or inf first appeared
         print(f"error: NaN or inf first appeared at update {update + 1}, seed index {seed}", file=sys.stderr)
-    print(f"greedy return per seed {np.round(greedy, 1).tolist()}\nresults: {run_dir}", flush=True)
+    print(report_lines(summary) + f"\nresults: {run_dir}", flush=True)
     return 0 if metrics["finite"].all() else 3
 
 

@@ -16,7 +16,10 @@ Needs jax, flax, optax, chex, distrax, gymnax and numpy only; importing it defin
 """
 
 import argparse
+import ast
 import dataclasses
+import difflib
+import inspect
 import json
 import os
 import pathlib
@@ -41,9 +44,7 @@ HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithm
 ACTIONS = "continuous"  # the action spaces this algorithm takes (bounded: the policy squashes into them)
 
 
-# Defaults tuned on Pendulum-v1 for 8 seeds on a 2-core CPU (benchmarks/README.md). An update (20 envs x 200
-# steps) is one episode of every env, so the final return (the last 5% of updates) averages 20 episodes. One
-# gradient step per 2 env steps, batches of 128 and 64-unit layers learn Pendulum well before 20k steps.
+# Defaults for Pendulum-v1: an update (20 envs x 200 steps) is one episode of every env (docs/defaults.md).
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Each field is a flag (`lr` is --lr), annotated with its help, then the rules its value satisfies."""
@@ -104,7 +105,7 @@ def validate(config: Config) -> None:
     require(total >= update, f"--total-timesteps {total} is less than one update (num_envs * num_steps = {update})")
 
 
-# ---- Networks and the replay buffer ----
+# ---- Networks ----
 class MLP(nn.Module):  # the actor and every critic: `num_layers` hidden layers, then a linear output
     out_dim: int
     hidden_size: int
@@ -130,6 +131,7 @@ def make_networks(config: Config, action_dim: int) -> Networks:
     return Networks(actor=MLP(2 * action_dim, **shape), critic=MLP(1, **shape), log_std_bounds=bounds)
 
 
+# ---- The critics, the action scale and the replay buffer (the same in sac.py, td3.py: tests/test_files.py) ----
 def critic_values(networks: Networks, critics, obs: jax.Array, action: jax.Array) -> jax.Array:
     """Every critic's Q(obs, action in [-1, 1]): [num_critics, batch]. The critics are one network
     vmapped over their stacked parameters: all of them run as one batched matmul per layer."""
@@ -234,7 +236,7 @@ def temperature_loss(log_alpha: jax.Array, log_prob: jax.Array, target_entropy: 
     return -(log_alpha * jax.lax.stop_gradient(log_prob + target_entropy)).mean()
 
 
-def sac_loss(networks: Networks, scale: ActionScale, params, target_critic, batch: Transition, hp: HParams, key):
+def sac_loss(config: Config, networks: Networks, params, target_critic, batch: Transition, scale: ActionScale, hp, key):
     """The sum of three losses with disjoint gradients, so one backward pass (and one Adam) trains all
     three: the critics' 0.5 * sum over critics of the MSE to the soft TD target; the actor's
     alpha * log pi(a|s) - min over critics of Q(s, a), a ~ pi(s) reparameterised, critics held fixed;
@@ -259,16 +261,17 @@ def sac_loss(networks: Networks, scale: ActionScale, params, target_critic, batc
     return critic_loss + actor_loss + alpha_loss, aux
 
 
-def make_optimizer(hparams: HParams):
+def make_optimizer(config: Config, hparams: HParams):
     return optax.adam(learning_rate=hparams.lr)
 
 
-def gradient_step(networks: Networks, scale: ActionScale, runner: Runner, sums: dict, batch: Transition, key):
+def gradient_step(config: Config, networks: Networks, scale: ActionScale, runner: Runner, sums: dict, batch, key):
     """One Adam step of actor, critics and temperature on `batch`, then one Polyak step of the
     target critics (target <- tau * critics + (1 - tau) * target); `sums` plus this step's LOGGED."""
     hp, target = runner.hparams, runner.target_params["critic"]
-    grads, aux = jax.grad(sac_loss, argnums=2, has_aux=True)(networks, scale, runner.params, target, batch, hp, key)
-    updates, opt_state = make_optimizer(hp).update(grads, runner.opt_state)
+    grad = jax.grad(sac_loss, argnums=2, has_aux=True)
+    grads, aux = grad(config, networks, runner.params, target, batch, scale, hp, key)
+    updates, opt_state = make_optimizer(config, hp).update(grads, runner.opt_state)
     params = optax.apply_updates(runner.params, updates)
     target = optax.incremental_update(params["critic"], target, hp.tau)
     runner = runner._replace(params=params, target_params={"critic": target}, opt_state=opt_state)
@@ -295,7 +298,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         return Runner(
             params=params,  # log_alpha 0: alpha starts at 1
             target_params={"critic": critics},
-            opt_state=make_optimizer(hparams).init(params),
+            opt_state=make_optimizer(config, hparams).init(params),
             buffer=buffer_init(config.buffer_size, env.obs_dim, A),
             episodes=Episodes.start(*env.reset(env_key)),
             rng=rng,
@@ -311,7 +314,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         def step(i, carry):
             (runner, sums), (batch_key, loss_key) = carry, jax.random.split(jax.random.fold_in(key, i))
             batch = buffer_sample(runner.buffer, batch_key, config.batch_size)
-            return gradient_step(networks, scale, runner, sums, batch, loss_key)
+            return gradient_step(config, networks, scale, runner, sums, batch, loss_key)
 
         return *jax.lax.fori_loop(0, num_grad, step, (runner, sums)), num_grad
 
@@ -411,7 +414,13 @@ def require(ok: bool, message: str) -> None:
 
 
 def validate_hparams(values: dict) -> None:
-    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point."""
+    """Each value satisfies its Config field's rules (Python expressions; NaN fails them), as must each sweep point;
+    and Config names no field twice (the second line would silently replace the first)."""
+    try:  # without source (a class typed into a notebook cell) there is nothing to compare
+        names = [n.target.id for n in ast.parse(inspect.getsource(Config)).body[0].body if hasattr(n, "target")]
+    except (OSError, TypeError):
+        names = []
+    require(len(set(names)) == len(names), f"Config names {max(names or [''], key=names.count)} twice: rename one")
     rules = {field.name: typing.get_args(field.type)[2:] for field in dataclasses.fields(Config)}
     for name, value in values.items():
         for rule in rules[name]:
@@ -435,7 +444,11 @@ class VecEnv:
         import gymnax  # here: importing it computes with JAX, which must wait for configure_xla's flags
 
         require(env_name in gymnax.registered_envs, f"--env-name {env_name!r} is not in gymnax.registered_envs")
-        self.env, self.params = gymnax.make(env_name)
+        try:  # a download without a network, a missing package, a factory that raises: refused in one line
+            self.env, self.params = gymnax.make(env_name)
+        except Exception as error:
+            reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
+            raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
         space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
         kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
@@ -540,12 +553,14 @@ def configure_xla() -> None:
 
 
 def train_with_progress(config: Config, train: Callable):
-    """Every seed's run in one compiled program, printing the mean return and env steps/s every tenth of it."""
-    total, every, start = config.num_updates, -(-config.num_updates // 10), time.perf_counter()
+    """Every seed's run in one program, compiled, then trained with a report every tenth of it: (runner, metrics
+    [seeds, updates], {"compile": seconds, "train": seconds})."""
+    total, every, clock = config.num_updates, -(-config.num_updates // 10), [time.perf_counter()]
 
-    def report(index, mean_return):
-        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - start)
-        print(f"update {index + 1}/{total}: return {mean_return:.1f}, {speed:,.0f} env steps/s so far", flush=True)
+    def report(index, mean_return):  # this update's mean return over seeds, env steps/s since training began
+        speed = (index + 1) * config.steps_per_update * config.num_seeds / (time.perf_counter() - clock[-1])
+        shown = f"{mean_return:.1f}" if np.isfinite(mean_return) else "- (no episode ended in this update)"
+        print(f"update {index + 1}/{total}: return {shown}, {speed:,.0f} env steps/s", flush=True)
 
     def update(runners, index: jax.Array):  # every seed's update, and a report every tenth of the run
         runners, metrics = jax.vmap(train.update, in_axes=(0, None))(runners, index)
@@ -555,8 +570,57 @@ def train_with_progress(config: Config, train: Callable):
 
     keys = jax.random.split(jax.random.PRNGKey(config.seed), config.num_seeds)
     run = lambda keys: jax.lax.scan(update, jax.lax.map(train.init, keys), jnp.arange(total))  # noqa: E731
-    runner, metrics = jax.device_get(jax.jit(run)(keys))  # init by lax.map (not vmap), as the harness does on CPU
-    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}  # [seeds, updates]
+    compiled = jax.jit(run).lower(keys).compile()  # init by lax.map (not vmap), as the harness does on CPU
+    clock.append(time.perf_counter())
+    print(f"compiled in {clock[1] - clock[0]:.1f} s", flush=True)
+    runner, metrics = jax.device_get(compiled(keys))
+    seconds = {"compile": clock[1] - clock[0], "train": time.perf_counter() - clock[1]}
+    return runner, {name: np.swapaxes(value, 0, 1) for name, value in metrics.items()}, seconds
+
+
+def summarise_run(config: Config, metrics: dict, greedy: np.ndarray, seconds: dict) -> dict:
+    """summary.json in the harness's names. A seed's final return: the mean return of its episodes that ended in the
+    last 5% of updates (None where none did)."""
+    last = -int(np.ceil(config.num_updates * 0.05))
+    returns, counts = metrics["episode_return"][:, last:], metrics["episodes_finished"][:, last:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        final = np.where(counts > 0, returns * counts, 0.0).sum(-1) / counts.sum(-1)
+    finite, number = final[np.isfinite(final)], lambda x: float(x) if np.isfinite(x) else None  # noqa: E731
+    summary = dict(algorithm=os.path.basename(__file__)[:-3], env_name=config.env_name, num_seeds=config.num_seeds)
+    summary |= dict(
+        total_timesteps=config.total_timesteps, trained_timesteps=config.num_updates * config.steps_per_update
+    )
+    summary |= {f"final_return_{f.__name__}": number(f(finite)) if finite.size else None for f in (np.mean, np.std)}
+    summary |= dict(final_return_per_seed=[number(x) for x in final], eval_return_mean=number(greedy.mean()))
+    summary |= {f"{name}_seconds": value for name, value in seconds.items()} | dict(backend=jax.default_backend())
+    return summary | dict(steps_per_second=summary["trained_timesteps"] * config.num_seeds / seconds["train"])
+
+
+def report_lines(summary: dict) -> str:
+    """The harness's closing lines, of what a file alone computes."""
+    show = {
+        k: "n/a" if v is None else f"{v:.1f}" for k, v in summary.items() if k.endswith(("_mean", "_std", "_seconds"))
+    }
+    return (
+        f"final: return {show['final_return_mean']} ± {show['final_return_std']} over {summary['num_seeds']} seeds "
+        f"(episodes ending in the last 5% of training), greedy eval {show['eval_return_mean']}\ncompile "
+        f"{show['compile_seconds']} s, train {show['train_seconds']} s ({summary['steps_per_second']:,.0f} env "
+        f"steps/s), eval {show['eval_seconds']} s"
+    )
+
+
+HARNESS_OPTIONS = "sweep compile-cache checkpoint checkpoint-every checkpoint-buffer resume eval-only render track "
+HARNESS_OPTIONS += "wandb-project quiet pbt pbt-interval pbt-fraction pbt-fields pbt-bounds pbt-perturb pbt-fitness"
+
+
+def unknown_option(name: str, given: list, options: list) -> str:
+    """What to say of an option this file alone lacks: that it is the run harness's, or the closest of its own."""
+    option = next((word.split("=")[0] for word in given if word.startswith("-")), given[0])
+    if option.lstrip("-").removeprefix("no-") in HARNESS_OPTIONS.split():
+        return f"{option}: an option of the run harness (algorithms/onefile_harness/), not of {name} alone"
+    squash = lambda text: text.lstrip("-").replace("-", "").replace("_", "").lower()  # noqa: E731  (--mtau: --m-tau)
+    close = difflib.get_close_matches(squash(option), (ours := {squash(o): o for o in options}), n=1)
+    return f"{option}: not an option of {name}" + (f"; did you mean {ours[close[0]]}?" if close else " (see --help)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -564,14 +628,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_xla()  # before JAX's first computation
     name, fields = os.path.basename(__file__), dataclasses.fields(Config)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False, exit_on_error=False)
-    for field in fields:
-        (kind, doc, *rules), option = typing.get_args(field.type), "--" + field.name.replace("_", "-")
-        parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
-        parser.add_argument(option, default=field.default, help="; ".join([doc, *rules]), **parse)
-    parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
     try:
+        for field in fields:
+            kind, *text = typing.get_args(field.type) or (field.type, "")  # its help and rules; a plain `x: float` too
+            require(kind in (bool, int, float, str), f"Config.{field.name}: a flag takes bool, int, float or str")
+            parse = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+            parse |= dict(default=field.default, help="; ".join(text))
+            parser.add_argument("--" + field.name.replace("_", "-"), **parse)
+        parser.add_argument("--runs-dir", default="runs", help="results go to a new directory under this one")
         args, unknown = parser.parse_known_args(argv)
-        require(not unknown, f"{' '.join(unknown)}: not an option of {name} alone (--help), but of the run harness")
+        require(not unknown, unknown and unknown_option(name, unknown, list(parser._option_string_actions)))
         config = Config(**{field.name: getattr(args, field.name) for field in fields})
         train, evaluate = make_train(config), make_evaluate(config)
         os.makedirs(args.runs_dir, exist_ok=True)
@@ -582,15 +648,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{name} alone (no run harness beside it): {config.num_seeds} seeds on {config.env_name}", flush=True)
     (run_dir / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "sweep": {}}, indent=2))
-    runner, metrics = train_with_progress(config, train)
+    runner, metrics, seconds = train_with_progress(config, train)
     params, keys = saved_params(runner), jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)
-    greedy = np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    start, greedy = time.perf_counter(), np.asarray(jax.jit(jax.vmap(evaluate))(params, keys))
+    summary = summarise_run(config, metrics, greedy, {**seconds, "eval": time.perf_counter() - start})
     point = lambda tree: jax.tree.map(lambda x: np.asarray(x)[None], tree)  # noqa: E731  (one sweep point)
-    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy))
+    wall = seconds["train"] * np.arange(1, config.num_updates + 1) / config.num_updates  # spread evenly over updates
+    np.savez_compressed(run_dir / "metrics.npz", **point(metrics), eval_return=point(greedy), wall_seconds=wall)
     (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(point(params)))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     for update, seed in np.argwhere(~metrics["finite"].T)[:1]:  # [update, seed] where NaN or inf first appeared
         print(f"error: NaN or inf first appeared at update {update + 1}, seed index {seed}", file=sys.stderr)
-    print(f"greedy return per seed {np.round(greedy, 1).tolist()}\nresults: {run_dir}", flush=True)
+    print(report_lines(summary) + f"\nresults: {run_dir}", flush=True)
     return 0 if metrics["finite"].all() else 3
 
 

@@ -9,8 +9,8 @@ Every sweep point of a run directory is one row and one curve. A curve is the me
 each seed's own return (its episodes ending in the trailing 5% of updates, the definition the
 tables use), with the band from the lowest to the highest seed; nothing else is smoothed. The IQM,
 its interval and the curves are computed by the run harness's own functions (onefile_harness/stats.py),
-so they are the figures each run's summary.json holds. (A file run alone prints its summary instead of
-writing summary.json.)
+so they are the figures each run's summary.json holds; a file run alone writes the same summary.json names
+and metrics.npz arrays, and compares like any run.
 """
 
 import argparse

@@ -63,7 +63,7 @@ def loss_and_grad_us(sac) -> float:
         final_obs=jax.random.normal(keys[3], (B, O)),
     )
     target = runner.target_params["critic"]
-    loss = lambda params: sac.sac_loss(networks, scale, params, target, batch, runner.hparams, keys[4])[0]  # noqa: E731
+    loss = lambda params: sac.sac_loss(config, networks, params, target, batch, scale, runner.hparams, keys[4])[0]  # noqa: E731
 
     def step(params, _):  # a tiny step keeps every iteration dependent on the last
         return jax.tree.map(lambda p, g: p - 1e-6 * g, params, jax.grad(loss)(params)), None

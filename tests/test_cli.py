@@ -2,8 +2,8 @@
 repository (handed over to the run harness), and the same file copied alone into an empty folder.
 
 Every algorithm file has the same command line and writes the same run directory, so one set of
-tests serves them all: ALGORITHMS says, per file, what a small run is and which inputs are bad
-for it. Every run shares the session's compile cache (conftest.share_compile_cache), so only the
+tests serves them all: each file's spec (tests/specs/<name>.py) says what a small run is and which
+inputs are bad for it. Every run shares the session's compile cache (conftest.share_compile_cache), so only the
 first run of each program shape pays for compilation; runs that differ only in float
 hyperparameters (run-time inputs) reuse it, as do the in-process runs of other test files.
 """
@@ -21,33 +21,11 @@ import jax
 import numpy as np
 import pytest
 from flax import serialization
+from specs import SMALL_SEEDS, SPECS, Spec
 
-from conftest import ROOT, USER_SET_CPU_DEVICES, command_line, load_algorithm, run_dir_of
+from conftest import ROOT, SPECIFIED, USER_SET_CPU_DEVICES, command_line, load_algorithm, run_dir_of
 from onefile_harness import rundir, stats, xla
 
-
-@dataclasses.dataclass(frozen=True)
-class Algorithm:
-    small: tuple  # flags of a small run: 2 seeds, a few updates
-    steps_per_update: int  # env steps per update of one run in that small run
-    diverge: tuple  # flags that make training produce NaN or inf
-    bad_inputs: dict  # algorithm-specific bad inputs: id -> (flags, option named in the error)
-    wrong_action_env: str = "Pendulum-v1"  # an environment whose action space the file refuses
-    env: str = "CartPole-v1"  # the env of the small run (its default Config's)
-    obs_dim: int = 4  # that env's flat observation size
-    return_range: tuple = (0, 500)  # every episode return that env can give
-    first_kernel: str = "Dense_0/kernel"  # params path suffix of the layer that reads the observation
-    # (rtol, atol) between runs that must agree up to float reassociation (a sweep point and a plain
-    # run; sharded and single-device runs): training grows 1e-7 rounding differences over updates.
-    tolerance: tuple = (1e-4, 1e-5)
-
-    @property
-    def small_updates(self) -> int:
-        flags = dict(zip(self.small[::2], self.small[1::2], strict=False))
-        return int(flags["--total-timesteps"]) // self.steps_per_update
-
-
-SMALL_SEEDS = 2
 # Every file shares the run harness (tests/test_harness.py), so these command-line tests run on
 # ppo.py in the fast loop and on the other files only with the slow tests (conftest reads this);
 # the fast loop still runs every file's --help and bad-input cases from the command line.
@@ -68,253 +46,11 @@ PPO_ONLY = {
     "test_bad_input_from_the_command_line",
     "test_copied_script_refuses_the_harness_options",
 }
-# dqn.py's small run: 2 seeds of 12 updates, gradient steps from update 3.
-DQN_SMALL = (
-    *("--total-timesteps", "2400", "--num-envs", "4", "--num-steps", "50", "--num-seeds", str(SMALL_SEEDS)),
-    *("--buffer-size", "1000", "--batch-size", "32", "--learning-starts", "400", "--train-frequency", "4"),
-    *("--target-update-frequency", "100", "--eval-episodes", "4"),
-)
-ALGORITHMS = {
-    "ppo": Algorithm(
-        small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
-        steps_per_update=128,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "minibatches-do-not-divide": (
-                ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
-                "--num-minibatches",
-            )
-        },
-    ),
-    "ppo_continuous": Algorithm(
-        small=("--total-timesteps", "800", "--num-envs", "4", "--num-steps", "50", "--num-seeds", str(SMALL_SEEDS)),
-        steps_per_update=200,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "minibatches-do-not-divide": (
-                ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
-                "--num-minibatches",
-            ),
-            "log-std-init-not-finite": (["--log-std-init", "inf"], "--log-std-init"),
-        },
-        wrong_action_env="CartPole-v1",
-        env="Pendulum-v1",
-        obs_dim=3,
-        return_range=(-3300, 0),  # Pendulum pays at most pi^2 + 0.1 * 8^2 + 0.001 * 2^2 = 16.27 a step, 200 steps
-        # Pendulum's dynamics amplify rounding differences ~10x per 40 steps: 1e-4 after 800 steps.
-        tolerance=(2e-3, 1e-3),
-    ),
-    "ppo_rnn": Algorithm(
-        small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
-        steps_per_update=128,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "minibatches-do-not-divide-envs": (["--num-envs", "4", "--num-minibatches", "3"], "--num-minibatches"),
-            "negative-num-layers": (["--num-layers", "-1"], "--num-layers"),
-        },
-        env="CartPole-v1-no-velocity",
-        obs_dim=2,
-        first_kernel="input_gates/kernel",
-    ),
-    "ppo_trxl": Algorithm(
-        small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
-        steps_per_update=128,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "minibatches-do-not-divide-envs": (["--num-envs", "4", "--num-minibatches", "3"], "--num-minibatches"),
-            "heads-do-not-divide-width": (["--num-heads", "3"], "--num-heads"),
-            "unknown-positional-encoding": (["--positional-encoding", "rope"], "--positional-encoding"),
-        },
-        env="CartPole-v1-no-velocity",
-        obs_dim=2,
-        first_kernel="embed/kernel",
-    ),
-    "ppo_rnd": Algorithm(
-        small=("--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "32", "--num-seeds", str(SMALL_SEEDS)),
-        steps_per_update=128,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "minibatches-do-not-divide": (
-                ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
-                "--num-minibatches",
-            ),
-            "gamma-int-one": (["--gamma-int", "1"], "--gamma-int"),
-            "update-proportion-zero": (["--update-proportion", "0"], "--update-proportion"),
-            "negative-int-coef": (["--int-coef", "-1"], "--int-coef"),
-            "rnd-size-zero": (["--rnd-size", "0"], "--rnd-size"),
-            "sweep-rnd-lr-zero": (["--sweep", "rnd_lr=1e-3,0"], "--rnd-lr"),
-        },
-        env="DeepSea-bsuite",
-        obs_dim=64,
-        return_range=(-0.01, 1.0),  # 0.99 at the treasure; each move right costs 0.01 / 8
-    ),
-    "dqn": Algorithm(
-        small=DQN_SMALL,
-        steps_per_update=200,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
-            # 2e9 slots of 41 B for 8 seeds: 656 GB; refused before allocating, naming the size.
-            "buffer-beyond-memory": (["--buffer-size", "2000000000"], "656 GB"),
-            "unknown-loss": (["--loss", "l1"], "--loss"),
-            "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau"),
-        },
-    ),
-    # dqn.py's small run and buffer checks; the distributional heads' own options.
-    "c51": Algorithm(
-        small=DQN_SMALL,
-        steps_per_update=200,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
-            "one-atom": (["--num-atoms", "1"], "--num-atoms"),
-            "v-min-not-below-v-max": (["--v-min", "5", "--v-max", "5"], "--v-min"),
-        },
-    ),
-    # c51.py's, and the options rainbow.py adds.
-    "rainbow": Algorithm(
-        small=DQN_SMALL,
-        steps_per_update=200,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
-            "one-atom": (["--num-atoms", "1"], "--num-atoms"),
-            "no-n-step": (["--n-step", "0"], "--n-step"),
-            "alpha-above-one": (["--alpha", "1.5"], "--alpha"),
-            "sweep-beta-negative": (["--sweep", "beta_start=0.4,-1"], "beta_start"),
-            "priority-eps-zero": (["--priority-eps", "0"], "--priority-eps"),
-        },
-        first_kernel="NoisyDense_0/kernel",
-    ),
-    "qr_dqn": Algorithm(
-        small=DQN_SMALL,
-        steps_per_update=200,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
-            "no-quantiles": (["--num-quantiles", "0"], "--num-quantiles"),
-            "kappa-zero": (["--kappa", "0"], "--kappa"),
-            "sweep-kappa-zero": (["--sweep", "kappa=1,0"], "kappa"),
-        },
-    ),
-    "iqn": Algorithm(
-        small=DQN_SMALL,
-        steps_per_update=200,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
-            "no-target-taus": (["--num-target-taus", "0"], "--num-target-taus"),
-            "embedding-dim-zero": (["--embedding-dim", "0"], "--embedding-dim"),
-            "sweep-kappa-nan": (["--sweep", "kappa=1,nan"], "kappa"),
-        },
-    ),
-    "pqn": Algorithm(
-        small=(
-            "--total-timesteps",
-            "1024",
-            "--num-envs",
-            "8",
-            "--num-steps",
-            "16",
-            "--num-minibatches",
-            "2",
-            "--num-seeds",
-            str(SMALL_SEEDS),
-        ),
-        steps_per_update=128,
-        diverge=("--lr", "1e30", "--max-grad-norm", "1e30"),
-        bad_inputs={
-            "minibatches-do-not-divide": (
-                ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "3"],
-                "--num-minibatches",
-            ),
-            "epsilon-above-1": (["--eps-start", "1.5"], "--eps-start"),
-            "lambda-below-0": (["--q-lambda", "-0.1"], "--q-lambda"),
-            "zero-reward-scale": (["--reward-scale", "0"], "--reward-scale"),
-            "sweep-epsilon-out-of-range": (["--sweep", "eps-end=0.1,2"], "--eps-end"),
-            "sweep-ppo-only-field": (["--sweep", "gae-lambda=0.9"], "--sweep"),
-        },
-    ),
-    "sac": Algorithm(
-        small=(
-            "--total-timesteps",
-            "800",
-            "--num-envs",
-            "4",
-            "--num-steps",
-            "50",
-            "--num-seeds",
-            str(SMALL_SEEDS),
-            "--buffer-size",
-            "800",
-            "--batch-size",
-            "32",
-            "--learning-starts",
-            "200",
-            "--hidden-size",
-            "32",
-            "--eval-episodes",
-            "4",
-        ),
-        steps_per_update=200,
-        diverge=("--lr", "1e30"),
-        bad_inputs={
-            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
-            # 2e9 slots of 33 B (Pendulum) for 8 seeds: 528 GB; refused before allocating, naming the size.
-            "buffer-beyond-memory": (["--buffer-size", "2000000000"], "528 GB"),
-            "negative-alpha": (["--alpha", "-0.1"], "--alpha"),
-            "log-std-bounds-reversed": (["--log-std-min", "3"], "--log-std-min"),
-            "zero-gradient-steps": (["--gradient-steps", "0"], "--gradient-steps"),
-            "unknown-activation": (["--activation", "gelu"], "--activation"),
-            "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau"),
-        },
-        wrong_action_env="CartPole-v1",
-        env="Pendulum-v1",
-        obs_dim=3,
-        return_range=(-3300, 0),  # Pendulum pays at most pi^2 + 0.1 * 8^2 + 0.001 * 2^2 = 16.27 a step, 200 steps
-        first_kernel="actor/params/Dense_0/kernel",  # the critics' first layer reads obs and action
-        tolerance=(2e-3, 1e-3),  # as ppo_continuous: Pendulum amplifies rounding differences
-    ),
-    "td3": Algorithm(
-        small=(
-            "--total-timesteps",
-            "800",
-            "--num-envs",
-            "4",
-            "--num-steps",
-            "50",
-            "--num-seeds",
-            str(SMALL_SEEDS),
-            "--buffer-size",
-            "800",
-            "--batch-size",
-            "32",
-            "--learning-starts",
-            "200",
-            "--hidden-size",
-            "32",
-            "--eval-episodes",
-            "4",
-        ),
-        steps_per_update=200,
-        diverge=("--lr", "1e30"),
-        bad_inputs={
-            "buffer-smaller-than-num-envs": (["--num-envs", "16", "--buffer-size", "8"], "--buffer-size"),
-            "zero-policy-delay": (["--policy-delay", "0"], "--policy-delay"),
-            "zero-critics": (["--num-critics", "0"], "--num-critics"),
-            "negative-policy-noise": (["--policy-noise", "-0.1"], "--policy-noise"),
-            "sweep-negative-noise-clip": (["--sweep", "noise-clip=0.5,-1"], "--noise-clip"),
-        },
-        wrong_action_env="CartPole-v1",
-        env="Pendulum-v1",
-        obs_dim=3,
-        return_range=(-3300, 0),
-        first_kernel="actor/params/Dense_0/kernel",
-        tolerance=(2e-2, 2e-3),  # as ppo_continuous, and the twin minimum's kinks (tests/test_train.py)
-    ),
-}
+# Each file's small run, bad inputs, env and tolerances: its spec (tests/specs/<name>.py), under the name
+# other test files read them by.
+ALGORITHMS = SPECS
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
-ALONE_FILES = {"config.json", "metrics.npz", "params.msgpack"}  # a file run alone writes these
+ALONE_FILES = {"config.json", "metrics.npz", "params.msgpack", "summary.json"}  # a file run alone writes these
 SUMMARY_KEYS = {
     "algorithm",
     "env_name",
@@ -334,14 +70,14 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SWEEP_LRS = (1e-3, 3e-3)
 
 
-@pytest.fixture(scope="module", params=[name for name in ALGORITHMS if (ROOT / "algorithms" / f"{name}.py").exists()])
+@pytest.fixture(scope="module", params=SPECIFIED)
 def name(request) -> str:
     return request.param
 
 
 @pytest.fixture(scope="module")
-def algo(name) -> Algorithm:
-    return ALGORITHMS[name]
+def algo(name) -> Spec:
+    return SPECS[name]
 
 
 @pytest.fixture(scope="module")
@@ -385,7 +121,7 @@ def load_run(run_dir: pathlib.Path, alone: bool = False):
     file copied alone wrote, which has no learning curve."""
     assert {p.name for p in run_dir.iterdir()} >= (ALONE_FILES if alone else RUN_FILES)
     config = strict_json(run_dir / "config.json")
-    summary = None if alone else strict_json(run_dir / "summary.json")  # a file alone prints its summary
+    summary = strict_json(run_dir / "summary.json")
     with np.load(run_dir / "metrics.npz") as npz:
         metrics = {k: npz[k] for k in npz.files}
     params = serialization.msgpack_restore((run_dir / "params.msgpack").read_bytes())
@@ -644,7 +380,7 @@ def test_copied_script_runs_on_its_own(name, algo, module, copied_script_run):
     run_dir = results_dir(proc, workdir)
     assert run_dir.resolve().parent == (workdir / "runs").resolve()  # default --runs-dir, relative to cwd
     assert {p.name for p in workdir.iterdir()} == {f"{name}.py", "runs"}
-    config, _, metrics, params = load_run(run_dir, alone=True)
+    config, summary, metrics, params = load_run(run_dir, alone=True)
     assert config["lr"] == SWEEP_LRS[1] and config["num_seeds"] == SMALL_SEEDS and config["sweep"] == {}
     assert config["env_name"] == algo.env
     updates = algo.small_updates
@@ -657,8 +393,23 @@ def test_copied_script_runs_on_its_own(name, algo, module, copied_script_run):
     tenths = [u for u in range(1, updates + 1) if u % every == 0 or u == updates]
     assert [line.split(":")[0] for line in progress] == [f"update {u}/{updates}" for u in tenths], proc.stdout
     assert all("env steps/s" in line for line in progress), proc.stdout
-    (greedy,) = [line for line in proc.stdout.splitlines() if line.startswith("greedy return per seed ")]
-    np.testing.assert_allclose(json.loads(greedy.split("seed ")[1]), metrics["eval_return"][0], atol=0.051)
+    assert "nan" not in proc.stdout.lower(), proc.stdout  # an update in which no episode ended says so
+    assert re.search(r"^compiled in \d+\.\d s$", proc.stdout, re.M), proc.stdout  # before the first report
+    # The harness's summary.json names for what the copy computes, and its figures: the same final returns
+    # (onefile_harness/stats.py) and greedy mean; wall_seconds for benchmarks/compare.py.
+    assert set(summary) <= SUMMARY_KEYS | {"trained_timesteps", "eval_seconds"}, set(summary) - SUMMARY_KEYS
+    assert SUMMARY_KEYS - {"versions"} <= set(summary), SUMMARY_KEYS - set(summary)
+    finals = stats.final_returns({k: metrics[k][0] for k in ("episode_return", "episodes_finished")})
+    np.testing.assert_allclose(floats(summary["final_return_per_seed"]), finals, rtol=1e-6)
+    assert summary["eval_return_mean"] == pytest.approx(float(metrics["eval_return"].mean()), rel=1e-6)
+    assert (
+        metrics["wall_seconds"].shape == (updates,) and summary["trained_timesteps"] == updates * algo.steps_per_update
+    )
+    show = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
+    final = (
+        f"final: return {show(summary['final_return_mean'])} ± {show(summary['final_return_std'])} over {SMALL_SEEDS}"
+    )
+    assert final in proc.stdout and f"greedy eval {show(summary['eval_return_mean'])}" in proc.stdout, proc.stdout
     leaves = dict(_leaves(params))
     assert leaves and all(leaf.shape[:2] == (1, SMALL_SEEDS) for leaf in leaves.values())
 

@@ -17,6 +17,12 @@ from conftest import load_algorithm, numpy_mlp
 NUM_ACTIONS, OBS_DIM = 3, 4
 
 
+def bound_td_loss(module, config, network):
+    """module.td_loss with the config and network bound, taking the Q-network's own parameters (not {"q": ...})."""
+    networks = module.Networks(q=network)
+    return lambda online, target, *rest: module.td_loss(config, networks, {"q": online}, {"q": target}, *rest)
+
+
 @pytest.fixture(scope="module")
 def c51():
     return load_algorithm("c51")
@@ -60,7 +66,7 @@ def jitted_loss(module, config, network):
     among them, are inputs)."""
     key = (module.__name__, config)
     if key not in _LOSSES:
-        _LOSSES[key] = jax.jit(module.make_td_loss(config, network))
+        _LOSSES[key] = jax.jit(bound_td_loss(module, config, network))
     return _LOSSES[key]
 
 
@@ -239,7 +245,7 @@ def test_c51_double_dqn_picks_the_next_action_by_the_online_expected_value(c51, 
 
 def test_c51_gradient_flows_only_through_the_online_network(c51, c51_setup):
     config, network, online, target, batch = c51_setup
-    td_loss = c51.make_td_loss(config, network)
+    td_loss = bound_td_loss(c51, config, network)
     batch, hp = jax.tree.map(jnp.asarray, batch), hparams(c51, config)
     grads = jax.jit(jax.grad(lambda p, t: td_loss(p, t, batch, hp, KEY)[0], argnums=(0, 1)))(online, target)
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads[1]))

@@ -10,6 +10,12 @@ import pytest
 from conftest import load_algorithm, numpy_mlp
 
 
+def bound_td_loss(module, config, network):
+    """module.td_loss with the config and network bound, taking the Q-network's own parameters (not {"q": ...})."""
+    networks = module.Networks(q=network)
+    return lambda online, target, *rest: module.td_loss(config, networks, {"q": online}, {"q": target}, *rest)
+
+
 @pytest.fixture(scope="module")
 def dqn():
     return load_algorithm("dqn")
@@ -65,7 +71,7 @@ def q_setup(dqn):
 def test_td_loss_matches_reference(dqn, q_setup, double, loss, gamma):
     config, network, online, target, batch = q_setup
     config = dqn.dataclasses.replace(config, double_dqn=double, loss=loss)
-    td_loss = dqn.make_td_loss(config, network)
+    td_loss = bound_td_loss(dqn, config, network)
     value, aux = jax.jit(td_loss)(online, target, jax.tree.map(jnp.asarray, batch), hparams(dqn, config, gamma), KEY)
     want = reference_targets(online, target, batch, gamma, double)
     np.testing.assert_allclose(aux["target"], want, rtol=1e-5, atol=1e-5)
@@ -92,7 +98,7 @@ def test_double_dqn_changes_the_target(dqn, q_setup):
     assert (chooser_online != chooser_target)[~batch.terminated].any()
     got = {}
     for double in (False, True):
-        td_loss = dqn.make_td_loss(dqn.dataclasses.replace(config, double_dqn=double), network)
+        td_loss = bound_td_loss(dqn, dqn.dataclasses.replace(config, double_dqn=double), network)
         got[double] = np.asarray(
             jax.jit(td_loss)(online, target, jax.tree.map(jnp.asarray, batch), hparams(dqn, config), KEY)[1]["target"]
         )
@@ -103,7 +109,7 @@ def test_double_dqn_changes_the_target(dqn, q_setup):
 def test_gradient_flows_only_through_the_online_q(dqn, q_setup):
     """The target is a constant: d loss / d target_params == 0."""
     config, network, online, target, batch = q_setup
-    td_loss = dqn.make_td_loss(config, network)
+    td_loss = bound_td_loss(dqn, config, network)
     args = (jax.tree.map(jnp.asarray, batch), hparams(dqn, config), KEY)
     grads = jax.grad(lambda t: td_loss(online, t, *args)[0])(target)
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads))

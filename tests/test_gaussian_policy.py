@@ -99,19 +99,19 @@ def test_sample_action_is_drawn_from_the_steps_key(squash):
     params = {"actor": networks.actor.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))}
     to_env = pc.ActionMap(jnp.array([-2.0, -1.0]), jnp.array([2.0, 3.0]), squash)
     obs, key = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)), jnp.float32), jax.random.PRNGKey(7)
-    action, log_prob = pc.sample_action(networks, to_env, params, obs, key)
     mean, log_std = networks.actor.apply(params["actor"], obs)
+    action, log_prob = pc.sample_action(mean, log_std, to_env, key)
     np.testing.assert_allclose(action, mean + np.exp(log_std) * jax.random.normal(key, (5, 2)), rtol=1e-6, atol=1e-7)
     want = np.array([reference_log_prob(u, m, log_std) for u, m in zip(action, mean, strict=True)])
     if squash:
         half = np.array([2.0, 2.0])
         want -= np.log(half * (1 - np.tanh(np.asarray(action, np.float64)) ** 2)).sum(-1)
     np.testing.assert_allclose(log_prob, want, rtol=1e-5)
-    again, _ = pc.sample_action(networks, to_env, params, obs, key)
-    other, _ = pc.sample_action(networks, to_env, params, obs, jax.random.PRNGKey(8))
+    again, _ = pc.sample_action(mean, log_std, to_env, key)
+    other, _ = pc.sample_action(mean, log_std, to_env, jax.random.PRNGKey(8))
     np.testing.assert_array_equal(again, action)
     assert (np.asarray(other) != np.asarray(action)).all()
     # Many draws: the Gaussian's own mean and std.
-    many, _ = jax.vmap(lambda k: pc.sample_action(networks, to_env, params, obs[:1], k))(jax.random.split(key, 20_000))
+    many, _ = jax.vmap(lambda k: pc.sample_action(mean[:1], log_std, to_env, k))(jax.random.split(key, 20_000))
     np.testing.assert_allclose(many[:, 0].mean(0), mean[0], atol=0.02)
     np.testing.assert_allclose(many[:, 0].std(0), np.exp(log_std), rtol=0.02)

@@ -6,6 +6,7 @@ had when it stops early. Tested on ppo.py: every file reaches the harness throug
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -148,3 +149,16 @@ def test_runs_initialised_one_after_another_equal_the_vmapped_init():
     one_by_one = chunks.initial_runners(train, plan)
     vmapped = jax.jit(jax.vmap(train.init))(plan.keys, plan.hparams)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(one_by_one), jax.device_get(vmapped))
+
+
+def test_no_harness_function_is_over_45_lines():
+    """Functions of one job: each def of the harness, from its line to its last non-blank line, at most 45 lines."""
+    long = []
+    for path in sorted((ROOT / "algorithms" / "onefile_harness").glob("*.py")):
+        text = path.read_text()
+        for match in re.finditer(r"^( *)def (\w+)\(", text, re.M):
+            end = re.compile(rf"^ {{0,{len(match.group(1))}}}\S", re.M).search(text, match.end())
+            body = text[match.start() : end.start() if end else len(text)].rstrip()
+            if body.count("\n") + 1 > 45:
+                long.append(f"{path.name}: {match.group(2)} is {body.count(chr(10)) + 1} lines")
+    assert not long, long

@@ -19,6 +19,12 @@ N, N_TARGET, K = 5, 7, 3  # levels regressed, target levels, levels that pick ac
 KEY = jax.random.PRNGKey(7)
 
 
+def bound_td_loss(module, config, network):
+    """module.td_loss with the config and network bound, taking the Q-network's own parameters (not {"q": ...})."""
+    networks = module.Networks(q=network)
+    return lambda online, target, *rest: module.td_loss(config, networks, {"q": online}, {"q": target}, *rest)
+
+
 @pytest.fixture(scope="module")
 def iqn():
     return load_algorithm("iqn")
@@ -108,7 +114,7 @@ def test_td_loss_matches_reference(iqn, setup, double, gamma, kappa):
     config, network, online, target, batch = setup
     config = dataclasses.replace(config, double_dqn=double)
     hp = iqn.hparams_from(dataclasses.replace(config, gamma=gamma, kappa=kappa))
-    td_loss = jax.jit(iqn.make_td_loss(config, network))
+    td_loss = jax.jit(bound_td_loss(iqn, config, network))
     value, aux = jax.device_get(td_loss(online, target, jax.tree.map(jnp.asarray, batch), hp, KEY))
     taus, target_taus = aux["taus"], aux["target_taus"]
     assert taus.shape == (len(batch.obs), N) and target_taus.shape == (len(batch.obs), N_TARGET)
@@ -136,7 +142,7 @@ def test_the_next_action_is_picked_by_k_levels_of_the_chooser(iqn, setup, double
     config, network, online, target, batch = setup
     config = dataclasses.replace(config, double_dqn=double)
     aux = jax.device_get(
-        jax.jit(iqn.make_td_loss(config, network))(online, target, batch, iqn.hparams_from(config), KEY)[1]
+        jax.jit(bound_td_loss(iqn, config, network))(online, target, batch, iqn.hparams_from(config), KEY)[1]
     )
     taus = np.asarray(jax.random.uniform(jax.random.split(KEY, 3)[2], (len(batch.obs), K)))
     chooser = online if double else target
@@ -173,7 +179,7 @@ def test_quantile_huber_loss_and_its_autodiff_gradient_match_numpy(iqn, kappa):
 
 def test_gradient_flows_only_through_the_online_network(iqn, setup):
     config, network, online, target, batch = setup
-    td_loss = iqn.make_td_loss(config, network)
+    td_loss = bound_td_loss(iqn, config, network)
     batch, hp = jax.tree.map(jnp.asarray, batch), iqn.hparams_from(config)
     grads = jax.jit(jax.grad(lambda p, t: td_loss(p, t, batch, hp, KEY)[0], argnums=(0, 1)))(online, target)
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads[1]))
@@ -182,7 +188,7 @@ def test_gradient_flows_only_through_the_online_network(iqn, setup):
 
 def test_the_loss_draws_its_levels_from_its_key(iqn, setup):
     config, network, online, target, batch = setup
-    td_loss = jax.jit(iqn.make_td_loss(config, network))
+    td_loss = jax.jit(bound_td_loss(iqn, config, network))
     hp = iqn.hparams_from(config)
     first, again, other = (td_loss(online, target, batch, hp, k)[1] for k in (KEY, KEY, jax.random.PRNGKey(8)))
     np.testing.assert_array_equal(first["taus"], again["taus"])
@@ -195,8 +201,8 @@ def test_the_greedy_action_is_the_argmax_of_q_values(iqn, setup):
     env = types.SimpleNamespace(num_actions=NUM_ACTIONS)  # all the policy reads of its env
     act = jax.jit(jax.vmap(iqn.make_act(config, env=env), in_axes=(None, 0, None)))
     actions = np.asarray(act({"q": online}, batch.obs, KEY))
-    taus_key = jax.random.split(KEY)[0]  # make_act's draw for the levels
-    q = jax.vmap(lambda o: iqn.q_values(config, network, online, o, taus_key))(batch.obs)
+    action_taus_key = jax.random.split(KEY)[0]  # make_act's draw for the levels
+    q = jax.vmap(lambda o: iqn.q_values(config, network, online, o, action_taus_key))(batch.obs)
     np.testing.assert_array_equal(actions, np.argmax(q, -1))
 
 

@@ -103,15 +103,15 @@ def test_ppo_loss_equals_numpy_and_its_gradient_is_jax_grad_of_it():
         target=jnp.asarray(rng.normal(size=32), jnp.float32),
     )
     hp = pc.hparams_from(config)
-    loss, stats = pc.ppo_loss(config, networks, to_env, params, batch, hp, keys[2])
+    loss, stats = pc.ppo_loss(config, networks, params, batch, to_env, hp, keys[2])
     mean, log_std = networks.actor.apply(params["actor"], batch.obs)
     value = networks.critic.apply(params["critic"], batch.obs)[:, 0]
     coefs = (config.clip_eps, config.vf_coef, config.ent_coef)
     want, approx_kl = reference_ppo_loss(mean, log_std, value, batch, *coefs)
     np.testing.assert_allclose(loss, want, rtol=1e-5)
     np.testing.assert_allclose(stats["approx_kl"], approx_kl, rtol=1e-4)
-    grad = jax.grad(pc.ppo_loss, argnums=3, has_aux=True)
-    grads = [grad(config, networks, to_env, params, batch, hp, key)[0] for key in jax.random.split(keys[2], 2)]
+    grad = jax.grad(pc.ppo_loss, argnums=2, has_aux=True)
+    grads = [grad(config, networks, params, batch, to_env, hp, key)[0] for key in jax.random.split(keys[2], 2)]
     jax.tree.map(np.testing.assert_array_equal, *grads)
     # d loss / d log_std by central differences of the NumPy reference.
     h, log_std_grad = 1e-3, grads[0]["actor"]["params"]["log_std"]

@@ -269,7 +269,7 @@ def test_rnd_loss_is_the_masked_mean_error(rnd_setup):
     @jax.jit
     def loss(predictor, x, proportion, key=key):
         return rnd.rnd_loss(
-            networks, predictor, rnd_batch(x, embedding), hp._replace(update_proportion=proportion), key
+            config, networks, predictor, rnd_batch(x, embedding), hp._replace(update_proportion=proportion), key
         )
 
     mask = np.asarray(jax.random.bernoulli(key, 0.25, (12,)))

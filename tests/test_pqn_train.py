@@ -64,7 +64,7 @@ def test_epsilon_is_the_exploration_rate(pqn):
     assert mean_length[1] < 15, mean_length
 
 
-def test_epsilon_greedy_action_draws_from_its_key(pqn, config):
+def test_epsilon_greedy_draws_from_its_key(pqn, config):
     """The acting rule itself, drawn where it is used: with epsilon 0 the greedy action; with epsilon
     e a uniformly random action with probability e (so it differs from the greedy one with probability
     e (A - 1) / A); the same key gives the same actions and other keys other ones."""
@@ -72,7 +72,7 @@ def test_epsilon_greedy_action_draws_from_its_key(pqn, config):
     params = jax.jit(pqn.make_train(config).init)(jax.random.PRNGKey(0)).params
     obs = jax.random.normal(jax.random.PRNGKey(1), (20_000, 4))
     greedy = np.asarray(jnp.argmax(networks.q.apply(params["q"], obs), -1))
-    act = jax.jit(lambda epsilon, key: pqn.epsilon_greedy_action(networks, params, obs, epsilon, key))
+    act = jax.jit(lambda epsilon, key: pqn.epsilon_greedy(networks.q.apply(params["q"], obs), epsilon, key))
     key = jax.random.PRNGKey(2)
     np.testing.assert_array_equal(act(0.0, key), greedy)
     uniform = np.asarray(act(1.0, key))

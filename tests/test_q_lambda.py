@@ -193,7 +193,9 @@ def test_episode_end_stops_the_recursion(pqn):
 @pytest.mark.parametrize("start, end, decay", [(1.0, 0.05, 0.2), (0.5, 0.1, 1.0), (1.0, 0.0, 0.0), (0.3, 0.3, 0.5)])
 def test_epsilon_schedule_is_linear_then_flat(pqn, start, end, decay):
     num_updates = 50
-    got = np.asarray(jax.vmap(lambda u: pqn.epsilon_at(u, num_updates, start, end, decay))(jnp.arange(num_updates)))
+    config = pqn.Config(total_timesteps=num_updates * pqn.Config().steps_per_update)
+    hp = pqn.hparams_from(config)._replace(eps_start=start, eps_end=end, eps_fraction=decay)
+    got = np.asarray(jax.vmap(lambda u: pqn.epsilon(config, hp, u))(jnp.arange(num_updates)))
     decay_updates = decay * num_updates
     want = [
         end if decay_updates == 0 else start + (end - start) * min(1.0, u / decay_updates) for u in range(num_updates)

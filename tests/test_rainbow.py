@@ -19,6 +19,12 @@ V_MIN, V_MAX, ATOMS = -10.0, 10.0, 11  # dz = 2
 THREE_ACTIONS = types.SimpleNamespace(num_actions=NUM_ACTIONS)  # what make_act reads of an env
 
 
+def bound_td_loss(module, config, network):
+    """module.td_loss with the config and network bound, taking the Q-network's own parameters (not {"q": ...})."""
+    networks = module.Networks(q=network)
+    return lambda online, target, *rest: module.td_loss(config, networks, {"q": online}, {"q": target}, *rest)
+
+
 @pytest.fixture(scope="module")
 def rainbow():
     return load_algorithm("rainbow")
@@ -286,7 +292,7 @@ def test_loss_with_n_step_discounts_and_importance_weights(rainbow, double):
         next_obs=rng.normal(size=(n, OBS_DIM)).astype(np.float32),
         weight=rng.uniform(0.1, 1.0, n).astype(np.float32),
     )
-    loss, aux = jax.jit(rainbow.make_td_loss(config, network))(
+    loss, aux = jax.jit(bound_td_loss(rainbow, config, network))(
         online, target, batch, rainbow.hparams_from(config), jax.random.PRNGKey(0)
     )
     atoms = np.linspace(V_MIN, V_MAX, ATOMS)
@@ -301,7 +307,7 @@ def test_loss_with_n_step_discounts_and_importance_weights(rainbow, double):
         losses.append(-(m * (logits - logits.max() - np.log(np.exp(logits - logits.max()).sum()))).sum())
     np.testing.assert_allclose(aux["cross_entropy"], losses, rtol=1e-4, atol=1e-5)
     assert float(loss) == pytest.approx(float(np.mean(batch.weight * np.array(losses))), rel=1e-5)
-    td_loss, hp = rainbow.make_td_loss(config, network), rainbow.hparams_from(config)
+    td_loss, hp = bound_td_loss(rainbow, config, network), rainbow.hparams_from(config)
     grads = jax.grad(lambda p, t: td_loss(p, t, batch, hp, jax.random.PRNGKey(0))[0], argnums=(0, 1))(online, target)
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grads[1]))
 
@@ -317,7 +323,7 @@ def test_noisy_loss_draws_its_noise_from_the_key(rainbow):
         next_obs=rng.normal(size=(n, OBS_DIM)).astype(np.float32),
         weight=np.ones(n, np.float32),
     )
-    td_loss = jax.jit(rainbow.make_td_loss(config, network))
+    td_loss = jax.jit(bound_td_loss(rainbow, config, network))
     hp = rainbow.hparams_from(config)
     losses = [float(td_loss(online, online, batch, hp, jax.random.PRNGKey(k))[0]) for k in (0, 0, 1)]
     assert losses[0] == losses[1] and losses[0] != losses[2]

@@ -75,9 +75,9 @@ def loss_noise(key, n):
 
 
 def loss_and_aux(setup, hparams, batch=None):
-    _, networks, params, target, default_batch, key, scale, _ = setup
+    config, networks, params, target, default_batch, key, scale, _ = setup
     batch = default_batch if batch is None else batch
-    return sac.sac_loss(networks, scale, params, target["critic"], batch, hparams, key)
+    return sac.sac_loss(config, networks, params, target["critic"], batch, scale, hparams, key)
 
 
 @pytest.mark.parametrize("fixed_alpha", [0.0, 0.2])
@@ -213,7 +213,7 @@ def test_temperature_loss_sign_and_fixed_point():
     at_target = jnp.full(64, 1.0)  # entropy exactly -1
     assert float(grad(log_alpha, at_target, target_entropy)) == 0.0
     # One Adam step from the low-entropy gradient raises alpha, from the high one lowers it.
-    adam = sac.make_optimizer(sac.hparams_from(sac.Config()))
+    adam = sac.make_optimizer(sac.Config(), sac.hparams_from(sac.Config()))
     for log_prob, direction in ((low_entropy, 1), (high_entropy, -1)):
         update, _ = adam.update(grad(log_alpha, log_prob, target_entropy), adam.init(log_alpha))
         assert np.sign(float(update)) == direction
@@ -226,7 +226,7 @@ def test_temperature_gradient_inside_the_sac_loss(setup, fixed_alpha):
     the temperature's loss never moves actor or critics."""
     config, networks, params, target, batch, key, scale, _ = setup
     hparams = sac.hparams_from(config)._replace(alpha=jnp.float32(fixed_alpha), target_entropy_scale=jnp.float32(0.7))
-    loss = lambda params, hparams: sac.sac_loss(networks, scale, params, target["critic"], batch, hparams, key)  # noqa: E731
+    loss = lambda params, hparams: sac.sac_loss(config, networks, params, target["critic"], batch, scale, hparams, key)  # noqa: E731
     grads, aux = jax.grad(loss, has_aux=True)(params, hparams)
     want = 0.0 if fixed_alpha > 0 else float(aux["entropy"]) - (-1 * 0.7)
     assert float(grads["log_alpha"]) == pytest.approx(want, abs=1e-6)
@@ -243,15 +243,15 @@ def test_gradient_step_is_adam_on_the_loss_then_polyak(setup, tau):
     copies); the logged sums are the loss's values and the gradient's global norm."""
     config, networks, params, target, batch, key, scale, _ = setup
     hparams = sac.hparams_from(config)._replace(tau=jnp.float32(tau))
-    adam = sac.make_optimizer(hparams)
+    adam = sac.make_optimizer(config, hparams)
     runner = sac.Runner(params, target, adam.init(params), buffer=None, episodes=None, rng=None, hparams=hparams)
     sums = dict.fromkeys(sac.LOGGED, jnp.float32(1.0))  # a step adds to what the update summed so far
     stepped, stepped_sums = jax.device_get(
-        jax.jit(sac.gradient_step, static_argnums=0)(networks, scale, runner, sums, batch, key)
+        jax.jit(sac.gradient_step, static_argnums=(0, 1))(config, networks, scale, runner, sums, batch, key)
     )
 
     flat, unravel = ravel_pytree(params)
-    loss = lambda flat: sac.sac_loss(networks, scale, unravel(flat), target["critic"], batch, hparams, key)  # noqa: E731
+    loss = lambda flat: sac.sac_loss(config, networks, unravel(flat), target["critic"], batch, scale, hparams, key)  # noqa: E731
     grads, aux = jax.grad(loss, has_aux=True)(flat)
     updates, _ = adam.update(grads, adam.init(flat))
     jax.tree.map(

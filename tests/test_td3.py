@@ -71,7 +71,7 @@ def test_td_target_with_smoothing_matches_numpy(setup):
     hparams = td3.hparams_from(config)._replace(
         gamma=jnp.float32(gamma), policy_noise=jnp.float32(sigma), noise_clip=jnp.float32(clip)
     )
-    loss, aux = jax.device_get(td3.critic_loss(networks, online["critic"], target, batch, hparams, key))
+    loss, aux = jax.device_get(td3.critic_loss(config, networks, online["critic"], target, batch, hparams, key))
     smoothing = np.asarray(jax.random.normal(key, (len(batch.reward), 1)))  # what the loss draws
     target_action = np.tanh(numpy_mlp(target["actor"], batch.final_obs))
     smoothed = np.clip(target_action + np.clip(sigma * smoothing, -clip, clip), -1, 1)
@@ -85,14 +85,15 @@ def test_td_target_with_smoothing_matches_numpy(setup):
     np.testing.assert_allclose(loss, 0.5 * ((q - want) ** 2).mean(-1).sum(), rtol=1e-4)
     # Truncated and continuing transitions bootstrap from final_obs; terminated ones never do.
     moved = batch._replace(final_obs=batch.final_obs + 1.0)
-    changed = jax.device_get(td3.critic_loss(networks, online["critic"], target, moved, hparams, key))
+    changed = jax.device_get(td3.critic_loss(config, networks, online["critic"], target, moved, hparams, key))
     np.testing.assert_array_equal(changed[1]["target"][kind == 2], aux["target"][kind == 2])
     assert (changed[1]["target"][kind != 2] != aux["target"][kind != 2]).all()
 
 
 def test_actor_loss_uses_the_first_critic(setup):
     config, networks, online, _, batch, key, _ = setup
-    loss = float(td3.actor_loss(networks, online["actor"], online["critic"], batch.obs, key))
+    hparams = td3.hparams_from(config)
+    loss = float(td3.actor_loss(config, networks, online["actor"], online["critic"], batch.obs, hparams, key))
     action = np.tanh(numpy_mlp(online["actor"], batch.obs))
     q = numpy_critics(online["critic"], batch.obs, action)
     assert loss == pytest.approx(-q[0].mean(), rel=1e-5)
@@ -103,14 +104,16 @@ def test_critic_and_actor_steps_on_the_parameter_trees(setup):
     step then moves the actor only and both targets become tau * online + (1 - tau) * targets."""
     config, networks, online, target, batch, key, _ = setup
     hparams = td3.hparams_from(config)._replace(tau=jnp.float32(0.3))
-    adam = td3.make_optimizer(hparams)
+    adam = td3.make_optimizer(config, hparams)
     opt_state = {name: adam.init(online[name]) for name in ("actor", "critic")}
     runner = td3.Runner(online, target, opt_state, buffer=None, episodes=None, rng=None, hparams=hparams)
     sums = dict.fromkeys(td3.LOGGED, jnp.float32(0))
     critic_key, actor_key = jax.random.split(key)
-    after_critic, sums = jax.jit(td3.critic_step, static_argnums=0)(networks, runner, sums, batch, critic_key)
+    after_critic, sums = jax.jit(td3.critic_step, static_argnums=(0, 1))(
+        config, networks, runner, sums, batch, critic_key
+    )
     flat, unravel = ravel_pytree(online["critic"])
-    loss = lambda flat: td3.critic_loss(networks, unravel(flat), target, batch, hparams, critic_key)[0]  # noqa: E731
+    loss = lambda flat: td3.critic_loss(config, networks, unravel(flat), target, batch, hparams, critic_key)[0]  # noqa: E731
     grads = jax.grad(loss)(flat)
     want = unravel(flat + adam.update(grads, adam.init(flat))[0])
     close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)  # noqa: E731
@@ -120,14 +123,16 @@ def test_critic_and_actor_steps_on_the_parameter_trees(setup):
     assert float(sums["loss"]) == pytest.approx(float(loss(flat)), rel=1e-6) and float(sums["actor_loss"]) == 0
     assert float(sums["grad_norm"]) == pytest.approx(float(np.linalg.norm(grads)), rel=1e-5)
 
-    after_actor, sums = jax.jit(td3.actor_step, static_argnums=0)(networks, after_critic, sums, batch.obs, actor_key)
+    after_actor, sums = jax.jit(td3.actor_step, static_argnums=(0, 1))(
+        config, networks, after_critic, sums, batch.obs, actor_key
+    )
     jax.tree.map(np.testing.assert_array_equal, after_actor.params["critic"], after_critic.params["critic"])
     moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), after_actor.params["actor"], online["actor"])
     assert all(jax.tree.leaves(moved))
     polyak = lambda online, old: 0.3 * np.float64(online) + 0.7 * np.float64(old)  # noqa: E731
     jax.tree.map(close, after_actor.target_params, jax.tree.map(polyak, after_actor.params, target))
     actor_loss = td3.actor_loss(
-        networks, after_critic.params["actor"], after_critic.params["critic"], batch.obs, actor_key
+        config, networks, after_critic.params["actor"], after_critic.params["critic"], batch.obs, hparams, actor_key
     )
     assert float(sums["actor_loss"]) == pytest.approx(float(actor_loss), rel=1e-6)
 

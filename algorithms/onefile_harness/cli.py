@@ -2,16 +2,28 @@
 
 import argparse
 import dataclasses
+import difflib
 import typing
 from collections.abc import Sequence
 
-from .protocol import Algorithm, flag
+from .protocol import Algorithm, UsageError, flag
 from .suites import suite_help
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage block
+        if message.startswith("unrecognized arguments: "):
+            message = unrecognized(message.split(": ", 1)[1].split(), list(self._option_string_actions))
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def unrecognized(given: list, options: list) -> str:
+    """An unknown option, and the closest one there is (--mtau: --m-tau), however its dashes fall."""
+    option = next((word.split("=")[0] for word in given if word.startswith("-")), given[0])
+    squash = lambda text: text.lstrip("-").replace("-", "").replace("_", "").lower()  # noqa: E731
+    ours = {squash(name): name for name in options}
+    close = difflib.get_close_matches(squash(option), ours, n=1)
+    return f"{option}: no such option" + (f"; did you mean {ours[close[0]]}?" if close else "")
 
 
 def integer(text: str) -> int:
@@ -187,7 +199,9 @@ def build_parser(algo: Algorithm, doc: str, defaults: bool = True) -> Parser:
         allow_abbrev=False,
     )
     for field in dataclasses.fields(algo.Config):
-        field_type, doc, *rules = typing.get_args(field.type)  # Annotated[type, doc, rule, ...]
+        field_type, doc, *rules = typing.get_args(field.type) or (field.type, "")  # Annotated[type, doc, rule, ...]
+        if field_type not in (bool, int, float, str):
+            raise UsageError(f"Config.{field.name}: a flag takes bool, int, float or str, not {field_type}")
         if field_type is bool:
             kind = dict(action=BOOLEAN)
         else:

@@ -168,7 +168,7 @@ def finish(job: Job, runs, programs: Programs, runner, log: TrainingLog, seconds
     eval_returns, params = runs.to_host((programs.evaluate(saved, eval_keys), saved))
     seconds["eval"] = time.perf_counter() - start
     metrics = log.metrics()
-    summary = rundir.summarise(job, runs, metrics, eval_returns, seconds)
+    summary = rundir.summarise_run(job, runs, metrics, eval_returns, seconds)
     try:
         summary["checkpoint_bytes"] = checkpoints.save_checkpoint(job, runs, runner, log)
         if job.run_dir is None:  # not host 0
@@ -253,7 +253,7 @@ def stopped_early(job: Job, runs, log: TrainingLog, error: BaseException, checkp
         try:
             if log.chunks:
                 metrics = log.metrics()
-                summary = {**rundir.summarise(job, runs, metrics, None, {"train": log.seconds}), **summary}
+                summary = {**rundir.summarise_run(job, runs, metrics, None, {"train": log.seconds}), **summary}
                 rundir.write_results(job, runs, metrics, None, None, summary)
             else:
                 rundir.write_json(os.path.join(run_dir, "summary.json"), summary)

@@ -281,7 +281,7 @@ def fittest(finals: np.ndarray, evals) -> tuple[int, list]:
     return best, [int(member) for member in tied if member != best]
 
 
-def summarise(settings: Settings, metrics: dict, eval_returns, points: list, num_seeds: int) -> dict:
+def summarise_pbt(settings: Settings, metrics: dict, eval_returns, points: list, num_seeds: int) -> dict:
     """summary.json's "pbt": the settings, the copies made, every member at the end (the start its weights
     descend from, its final return and hyperparameters), and the fittest member by FITTEST_RULE, with the
     members tied with it; the median member's figures beside it."""
@@ -299,14 +299,7 @@ def summarise(settings: Settings, metrics: dict, eval_returns, points: list, num
             "seed_index": int(member % num_seeds),
         }
 
-    last = [
-        {
-            name[len("pbt_") :]: float(f"{value.reshape(len(finals), -1)[member, -1]:.7g}")  # float32's digits
-            for name, value in metrics.items()
-            if name.startswith("pbt_") and name != "pbt_copied_from"
-        }
-        for member in range(len(finals))
-    ]
+    last = final_hparams(metrics, len(finals))
     updates = metrics["episode_return"].shape[-1]
     median = lambda x: number(np.nanmedian(x)) if np.isfinite(x).any() else None  # noqa: E731
     members = [
@@ -335,6 +328,15 @@ def summarise(settings: Settings, metrics: dict, eval_returns, points: list, num
     }
 
 
+def final_hparams(metrics: dict, members: int) -> list[dict]:
+    """Each member's hyperparameters in force at the end, to float32's digits."""
+    fields = [name for name in metrics if name.startswith("pbt_") and name != "pbt_copied_from"]
+    return [
+        {name[len("pbt_") :]: float(f"{metrics[name].reshape(members, -1)[member, -1]:.7g}") for name in fields}
+        for member in range(members)
+    ]
+
+
 def trajectories_png(algorithm: str, metrics: dict, settings: Settings, env_name: str, evals, annealed: bool) -> bytes:
     """pbt.png: every member's value of each perturbed field over training and its return (as
     learning_curve.png draws it), coloured at each update by the start member its weights then descend
@@ -356,16 +358,7 @@ def trajectories_png(algorithm: str, metrics: dict, settings: Settings, env_name
     rows = [(field, metrics[f"pbt_{field}"]) for field in settings.fields] + [("return", window_returns(metrics))]
     fig, axes = plt.subplots(len(rows), 1, figsize=(7.5, 2.6 * len(rows) + 0.6), sharex=True, squeeze=False)
     for ax, (label, values) in zip(axes[:, 0], rows, strict=True):
-        values = values.reshape(len(finals), -1)
-        for member, line in enumerate(values):
-            style = dict(lw=2.4, alpha=1.0, zorder=3) if member == best else dict(lw=0.9, alpha=0.6)
-            changes = [0, *np.flatnonzero(np.diff(during[member])) + 1, len(line)]
-            for start, end in zip(changes[:-1], changes[1:], strict=False):  # one colour per ancestor
-                span = slice(max(start - 1, 0), end)  # joined to the previous segment
-                ax.plot(steps[span], line[span], color=colours[during[member, start]], **style)
-        for update, member, _ in copies:  # the value a member continues from, just after it copied
-            if update < values.shape[1]:
-                ax.plot(steps[update], values[member, update], "x", color="black", ms=4, alpha=0.7, zorder=4)
+        draw_members(ax, steps, values.reshape(len(finals), -1), during, copies, colours, best)
         if label != "return" and np.all(values > 0):
             ax.set_yscale("log")
         schedule = " (start of its decay)" if annealed and is_learning_rate(label) else ""
@@ -388,6 +381,19 @@ def trajectories_png(algorithm: str, metrics: dict, settings: Settings, env_name
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
     return buffer.getvalue()
+
+
+def draw_members(ax, steps, values, during, copies, colours: dict, best: int) -> None:
+    """One line per member, coloured by the start member its weights descend from; an x where it copied."""
+    for member, line in enumerate(values):
+        style = dict(lw=2.4, alpha=1.0, zorder=3) if member == best else dict(lw=0.9, alpha=0.6)
+        changes = [0, *np.flatnonzero(np.diff(during[member])) + 1, len(line)]
+        for start, end in zip(changes[:-1], changes[1:], strict=False):  # one colour per ancestor
+            span = slice(max(start - 1, 0), end)  # joined to the previous segment
+            ax.plot(steps[span], line[span], color=colours[during[member, start]], **style)
+    for update, member, _ in copies:  # the value a member continues from, just after it copied
+        if update < values.shape[1]:
+            ax.plot(steps[update], values[member, update], "x", color="black", ms=4, alpha=0.7, zorder=4)
 
 
 def check_runner(algo: Algorithm, config, train) -> None:

@@ -108,7 +108,7 @@ def point_figures(point: dict, final: np.ndarray, eval_returns) -> dict:
     }
 
 
-def summarise(job, plan: RunPlan, metrics: dict, eval_returns, seconds: dict) -> dict:
+def summarise_run(job, plan: RunPlan, metrics: dict, eval_returns, seconds: dict) -> dict:
     """summary.json: the best sweep point's figures at the top level, every point under `sweep`."""
     config, finals = job.config, final_returns(metrics)  # [points, seeds]
     per_point = [
@@ -134,7 +134,7 @@ def summarise(job, plan: RunPlan, metrics: dict, eval_returns, seconds: dict) ->
     if plan.points != [{}]:
         summary.update(best_sweep_point=plan.points[best], sweep=per_point)
     if job.pbt is not None:
-        summary["pbt"] = pbt.summarise(job.pbt, metrics, eval_returns, plan.points, plan.num_seeds)
+        summary["pbt"] = pbt.summarise_pbt(job.pbt, metrics, eval_returns, plan.points, plan.num_seeds)
     nonfinite = first_nonfinite(config, plan, metrics)
     if nonfinite:
         summary["nonfinite"] = nonfinite
