@@ -21,7 +21,21 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ("ppo", "dqn", "c51", "qr_dqn", "pqn", "ppo_continuous", "ppo_rnd", "ppo_rnn", "sac", "td3")
+FILES = (
+    "ppo",
+    "dqn",
+    "c51",
+    "qr_dqn",
+    "iqn",
+    "rainbow",
+    "pqn",
+    "ppo_continuous",
+    "ppo_rnd",
+    "ppo_rnn",
+    "ppo_trxl",
+    "sac",
+    "td3",
+)
 
 
 def result_line(command: list, timeout: int) -> dict:
