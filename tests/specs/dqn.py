@@ -7,8 +7,6 @@ from specs import SMALL_SEEDS, SOLVED, Spec, cli_flags
 
 def learning_checks(dqn, config, metrics, greedy, tmp_path):
     np.testing.assert_array_equal(metrics["gradient_steps"].sum(-1), dqn.total_gradient_steps(config))
-    # The greedy policy (no exploration) does at least as well on fresh episodes.
-    assert (greedy >= SOLVED).all(), f"greedy evaluation returns per seed: {np.round(greedy, 1)}"
 
 
 SPEC = Spec(
@@ -42,5 +40,7 @@ SPEC = Spec(
         "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau"),
     },
     target=SOLVED,
+    reach=7,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
+    greedy_target=SOLVED,  # the greedy policy (no exploration) as well
     learning_checks=learning_checks,
 )

@@ -1,6 +1,6 @@
 """ppo_trxl.py's spec (tests/specs/__init__.py)."""
 
-from specs import SMALL_SEEDS, Spec, cli_flags
+from specs import SMALL_SEEDS, SOLVED, Spec, cli_flags
 
 SPEC = Spec(
     # ppo_rnn.py's, with a two-layer transformer of width 8 whose memory (4 steps) is shorter than the window.
@@ -26,9 +26,11 @@ SPEC = Spec(
         "heads-do-not-divide-width": (["--num-heads", "3"], "--num-heads"),
         "unknown-positional-encoding": (["--positional-encoding", "rope"], "--positional-encoding"),
     },
-    # The transformer's command line ends every seed at 479.6 to 500 here, but the same config in a program
-    # that rounds differently (vmapped init) ended one seed at 394.6: the margin holds for other hosts' rounding.
-    target=350.0,
+    # 10 of 24 seeds reach 475 here (15 of 24 on another 2-core host): at least one of the 8 must, and the mean
+    # over them (404 to 450 for each seed set here) reach 350.
+    target=SOLVED,
+    reach=1,
+    mean_target=350.0,
     built_from="ppo_rnn",
     env="CartPole-v1-no-velocity",
     obs_dim=2,

@@ -6,10 +6,9 @@ from specs import SMALL_SEEDS, Spec, cli_flags
 
 
 def learning_checks(module, config, metrics, greedy, tmp_path):
-    """sac.py and td3.py: every gradient step the schedule promises was taken, and the greedy
-    policy (the squashed mean, or the actor without noise) also returns >= -200 on every seed."""
+    """sac.py and td3.py: every gradient step the schedule promises was taken (the greedy policy, the squashed
+    mean or the actor without noise, is held to the target by the spec's greedy_target)."""
     np.testing.assert_array_equal(metrics["gradient_steps"].sum(-1), module.total_gradient_steps(config))
-    assert (greedy >= -200.0).all(), f"greedy evaluation returns per seed: {np.round(greedy, 1)}"
 
 
 SPEC = Spec(
@@ -46,6 +45,8 @@ SPEC = Spec(
         "sweep-tau-zero": (["--sweep", "tau=0.5,0"], "tau"),
     },
     target=-200.0,
+    reach=7,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
+    greedy_target=-200.0,
     learning_checks=learning_checks,
     diverge=("--lr", "1e30"),
     wrong_action_env="CartPole-v1",
