@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = parser.parse_args()
     where = machine()
+    os.makedirs(args.out, exist_ok=True)
     jsonl = os.path.join(args.out, f"parity_{where['backend']}.jsonl")
     rows = []
     for seeds in [int(s) for s in args.seed_counts.split(",")]:
