@@ -246,9 +246,6 @@ def load_algorithm(name: str):
     return _load(name, ROOT / "algorithms" / f"{name}.py")
 
 
-# The training tests' small configs (tests/specs/<name>.py's train_config, train_updates, other_lr), under
-# the name tests/test_rainbow.py reads: (Config fields, updates they give, another learning rate).
-SMALL_TRAIN = {name: (spec.train_config, spec.train_updates, spec.other_lr) for name, spec in SPECS.items()}
 _SHARED = {}
 
 

@@ -46,9 +46,6 @@ PPO_ONLY = {
     "test_bad_input_from_the_command_line",
     "test_copied_script_refuses_the_harness_options",
 }
-# Each file's small run, bad inputs, env and tolerances: its spec (tests/specs/<name>.py), under the name
-# other test files read them by.
-ALGORITHMS = SPECS
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
 ALONE_FILES = {"config.json", "metrics.npz", "params.msgpack", "summary.json"}  # a file run alone writes these
 SUMMARY_KEYS = {

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import serialization
-from test_cli import ALGORITHMS
+from specs import SPECS
 from test_resume import interrupt_at_chunk
 
 from conftest import ROOT, load_algorithm, run_main
@@ -167,7 +167,7 @@ def test_a_member_after_exploit_equals_its_source_but_its_key(ppo_runners, activ
 def population_flags(name: str) -> list:
     """A population of 4 (2 seeds x 2 learning rates), half replaced every 2 updates. Episodes of
     the continuous-action files' small runs do not end within an interval: there fitness is greedy."""
-    flags = [*ALGORITHMS[name].small, "--sweep", "lr=1e-3,3e-3", "--pbt", "--pbt-interval", "2"]
+    flags = [*SPECS[name].small, "--sweep", "lr=1e-3,3e-3", "--pbt", "--pbt-interval", "2"]
     flags += ["--pbt-fraction", "0.5", "--quiet"]
     if name in ("ppo_continuous", "sac", "td3"):
         flags += ["--pbt-fitness", "greedy"]
@@ -183,7 +183,7 @@ def load_run(run_dir: pathlib.Path):
     return metrics, params, json.loads((run_dir / "summary.json").read_text())
 
 
-@pytest.fixture(scope="module", params=[n for n in ALGORITHMS if (ROOT / "algorithms" / f"{n}.py").exists()])
+@pytest.fixture(scope="module", params=[n for n in SPECS if (ROOT / "algorithms" / f"{n}.py").exists()])
 def name(request):
     return request.param
 
@@ -217,7 +217,7 @@ def test_every_file_trains_a_population(name, population_run):
     metrics, _, summary = load_run(population_run)
     config = json.loads((population_run / "config.json").read_text())
     s = pbt.Settings.from_json(config["pbt"])
-    updates = ALGORITHMS[name].small_updates
+    updates = SPECS[name].small_updates
     copied = metrics["pbt_copied_from"].reshape(4, updates)
     assert (copied[:, ::2] == -1).all()  # copies happen at interval ends only (updates 2, 4, ...)
     assert (copied[:, -1] == -1).all()  # no step after the last update
@@ -297,7 +297,7 @@ def test_the_fittest_member_is_chosen_by_its_rule_and_its_ties_named():
 
 def test_with_nothing_replaced_pbt_equals_the_plain_run(tmp_path, capsys):
     ppo = load_algorithm("ppo")
-    small = [*ALGORITHMS["ppo"].small, "--quiet"]
+    small = [*SPECS["ppo"].small, "--quiet"]
     code, out, err = run_main(ppo, [*small, "--runs-dir", tmp_path / "plain"], capsys)
     assert code == 0, err
     plain = results_dir(out)
@@ -362,7 +362,7 @@ BAD_INPUT = {
 @pytest.mark.parametrize("case", sorted(BAD_INPUT))
 def test_bad_pbt_input_exits_2_with_one_line(case, tmp_path):
     flags, option = BAD_INPUT[case]
-    argv = [*ALGORITHMS["ppo"].small, "--num-seeds", "4", *flags, "--runs-dir", tmp_path]  # a population of 4
+    argv = [*SPECS["ppo"].small, "--num-seeds", "4", *flags, "--runs-dir", tmp_path]  # a population of 4
     code, out, err = run_main_quiet(load_algorithm("ppo"), argv)
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and len(lines) == 1 and option in lines[0], err

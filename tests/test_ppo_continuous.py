@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import serialization
-from test_cli import ALGORITHMS
+from specs import SPECS
 
 import onefile_harness
 from conftest import load_algorithm
@@ -164,7 +164,7 @@ def test_params_msgpack_holds_the_runners_statistics(cli_run):
     assert flat_saved.keys() == flat_want.keys()
     # The command line trains in chunks and, on a CPU-only install, spreads its seeds over one device
     # per core: it equals one single-device call up to float reassociation, which Pendulum amplifies.
-    rtol, atol = ALGORITHMS["ppo_continuous"].tolerance
+    rtol, atol = SPECS["ppo_continuous"].tolerance
     for path, leaf in flat_want.items():
         # [1 sweep point, seeds, ...] on disk.
         np.testing.assert_allclose(flat_saved[path][0], leaf, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))

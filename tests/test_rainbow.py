@@ -11,8 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from specs import SPECS
 
-from conftest import SMALL_TRAIN, load_algorithm, numpy_mlp
+from conftest import load_algorithm, numpy_mlp
 
 NUM_ACTIONS, OBS_DIM, NUM_ENVS = 3, 4, 3
 V_MIN, V_MAX, ATOMS = -10.0, 10.0, 11  # dz = 2
@@ -332,7 +333,7 @@ def test_noisy_loss_draws_its_noise_from_the_key(rainbow):
 def test_training_updates_priorities(rainbow):
     """A short run (the shared tests' small config): sampled slots got their loss + priority_eps in place of the
     max priority they were written with, and the max priority is the largest given."""
-    config = rainbow.Config(**SMALL_TRAIN["rainbow"][0])
+    config = rainbow.Config(**SPECS["rainbow"].train_config)
     runner, metrics = jax.jit(rainbow.make_train(config))(jax.random.PRNGKey(0))
     priority = np.asarray(runner.buffer.priority)
     assert np.isfinite(priority).all() and (priority > 0).all()

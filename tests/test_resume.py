@@ -15,7 +15,8 @@ import signal
 import numpy as np
 import pytest
 from flax import serialization
-from test_cli import ALGORITHMS, _leaves
+from specs import SPECS
+from test_cli import _leaves
 
 from conftest import ROOT, command_line, load_algorithm, run_main
 from conftest import run_dir_of as results_dir
@@ -26,7 +27,7 @@ from onefile_harness import checkpoints, chunks, protocol, rundir
 SLOW_EXCEPT_PPO = {"test_stopped_and_resumed_run_equals_the_run_that_never_stopped"}
 
 
-@pytest.fixture(scope="module", params=[n for n in ALGORITHMS if (ROOT / "algorithms" / f"{n}.py").exists()])
+@pytest.fixture(scope="module", params=[n for n in SPECS if (ROOT / "algorithms" / f"{n}.py").exists()])
 def name(request):
     return request.param
 
@@ -52,7 +53,7 @@ def interrupt_at_chunk(monkeypatch, chunk: int) -> None:
 
 
 def test_stopped_and_resumed_run_equals_the_run_that_never_stopped(name, tmp_path, capsys, monkeypatch):
-    module, small = load_algorithm(name), [*ALGORITHMS[name].small, "--quiet"]
+    module, small = load_algorithm(name), [*SPECS[name].small, "--quiet"]
     code, out, _ = run_main(module, [*small, "--runs-dir", tmp_path / "whole"], capsys)
     assert code == 0
     whole = results_dir(out)
@@ -65,7 +66,7 @@ def test_stopped_and_resumed_run_equals_the_run_that_never_stopped(name, tmp_pat
     assert f"--resume {stopped}" in err.strip().splitlines()[-1] and "Traceback" not in err
     checkpoint = serialization.msgpack_restore((stopped / "checkpoint.msgpack").read_bytes())
     done = int(checkpoint["updates_done"])
-    assert 0 < done < ALGORITHMS[name].small_updates
+    assert 0 < done < SPECS[name].small_updates
 
     code, out, err = run_main(module, ["--resume", stopped, "--quiet"], capsys)
     assert code == 0, err
@@ -91,7 +92,7 @@ def finished_ppo_run(tmp_path_factory):
     """A small ppo.py run with a checkpoint every chunk."""
     ppo = load_algorithm("ppo")
     runs = tmp_path_factory.mktemp("runs")
-    small = [*ALGORITHMS["ppo"].small, "--quiet", "--checkpoint-every", "1", "--runs-dir", runs]
+    small = [*SPECS["ppo"].small, "--quiet", "--checkpoint-every", "1", "--runs-dir", runs]
     assert command_line(ppo, small) == 0
     (run_dir,) = runs.iterdir()
     return run_dir
@@ -155,7 +156,7 @@ def test_a_checkpoint_is_whole_or_not_there(finished_ppo_run, tmp_path, monkeypa
 @pytest.mark.slow
 def test_resume_without_the_replay_buffer_refills_it(tmp_path, capsys, monkeypatch):
     dqn = load_algorithm("dqn")
-    small = [*ALGORITHMS["dqn"].small, "--quiet", "--no-checkpoint-buffer"]
+    small = [*SPECS["dqn"].small, "--quiet", "--no-checkpoint-buffer"]
     with monkeypatch.context() as patch:
         interrupt_at_chunk(patch, 3)
         code, out, _ = run_main(dqn, [*small, "--runs-dir", tmp_path], capsys)
@@ -167,4 +168,4 @@ def test_resume_without_the_replay_buffer_refills_it(tmp_path, capsys, monkeypat
     assert code == 0, err
     assert "replay buffer was not saved" in out
     metrics, _, _ = load(run_dir)
-    assert metrics["finite"].all() and metrics["env_steps"].shape[-1] == ALGORITHMS["dqn"].small_updates
+    assert metrics["finite"].all() and metrics["env_steps"].shape[-1] == SPECS["dqn"].small_updates

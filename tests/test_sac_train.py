@@ -1,4 +1,4 @@
-"""sac.make_train on the small config of conftest.SMALL_TRAIN (4 Pendulum envs, a gradient step
+"""sac.make_train on the small config of tests/specs/sac.py (4 Pendulum envs, a gradient step
 every 3 env steps, learning from env step 100): the gradient-step schedule for a num_envs that
 does not divide the interval, the learned temperature, and what the replay buffer holds at a
 time-limit truncation. The program is compiled once per session (conftest's `single`), shared

@@ -15,13 +15,14 @@ import sys
 import numpy as np
 import pytest
 from flax import serialization
-from test_cli import ALGORITHMS, _leaves, results_dir
+from specs import SPECS
+from test_cli import _leaves, results_dir
 
 from conftest import ROOT, TEST_XLA_FLAGS
 
 pytestmark = pytest.mark.slow
 
-# Each file's small command-line run (test_cli.ALGORITHMS), with 3 seeds and 2 sweep points.
+# Each file's small command-line run (tests/specs), with 3 seeds and 2 sweep points.
 SHARDED = ("--num-seeds", "3", "--sweep", "lr=1e-3,3e-3", "--quiet")
 # ppo.py's 6 runs are a --pbt population: its exploit steps copy members across devices (and never
 # from the padding of the 4-device runs).
@@ -61,7 +62,7 @@ def runs(name, tmp_path_factory):
                 [
                     sys.executable,
                     str(ROOT / "algorithms" / f"{name}.py"),
-                    *ALGORITHMS[name].small,
+                    *SPECS[name].small,
                     *SHARDED,
                     *POPULATION.get(name, ()),
                     "--runs-dir",
@@ -95,7 +96,7 @@ def runs(name, tmp_path_factory):
 @pytest.mark.parametrize("devices", [2, 4])
 def test_sharded_runs_equal_single_device_runs(runs, devices):
     single_metrics, single_params = runs[1]
-    rtol, atol = ALGORITHMS[runs["name"]].tolerance
+    rtol, atol = SPECS[runs["name"]].tolerance
     metrics, params = runs[devices]
     assert metrics.keys() == single_metrics.keys()
     for name, value in single_metrics.items():

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_cli import ALGORITHMS, assert_ok, check_run_directory, results_dir
+from specs import SPECS
+from test_cli import assert_ok, check_run_directory, results_dir
 
 from conftest import BUILT_FROM, ROOT, command_line_env, load_algorithm, run_main
 from onefile_harness import stats, suites
@@ -354,7 +355,7 @@ CONTINUOUS = ("ppo_continuous", "sac", "td3")
     ("name", "suite"),
     [
         (n, s)
-        for n in ALGORITHMS
+        for n in SPECS
         for s in SUITE_RUNS
         if (s == "brax") == (n in CONTINUOUS)
         and LEARNING.get(s, ("",))[0] != n
@@ -371,7 +372,7 @@ def test_command_line_trains_on_a_suite(name, suite, tmp_path):
     if importlib.util.find_spec(suite) is None:
         pytest.skip(f"{suite} is not installed (requirements-envs.txt)")
     env_name, obs_dim, return_range = SUITE_RUNS[suite]
-    algo = dataclasses.replace(ALGORITHMS[name], env=env_name, obs_dim=obs_dim, return_range=return_range)
+    algo = dataclasses.replace(SPECS[name], env=env_name, obs_dim=obs_dim, return_range=return_range)
     flags = (*algo.small, "--env-name", env_name)
     check_run_directory(name, algo, load_algorithm(name), command_line(name, flags, tmp_path), flags)
 

@@ -2,7 +2,7 @@
 hand-made batch with terminations and truncations, the smoothing noise's clip, the policy-delay
 schedule (actor steps == critic steps // policy_delay exactly, for a num_envs that does not
 divide the train interval), one critic step and one actor step (Adam on the parameter trees, the
-Polyak update of both targets) on conftest.SMALL_TRAIN's config, and the DDPG setting. The small
+Polyak update of both targets) on tests/specs/td3.py's train_config, and the DDPG setting. The small
 program is compiled once per session (conftest's `single`), shared with tests/test_train.py."""
 
 import dataclasses

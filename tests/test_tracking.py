@@ -10,13 +10,13 @@ import struct
 
 import numpy as np
 import pytest
-from test_cli import ALGORITHMS
+from specs import SPECS
 
 from conftest import load_algorithm, run_dir_of
 from conftest import run_main as main_in_process
 from onefile_harness import evaluation, protocol
 
-SMALL = [*ALGORITHMS["ppo"].small, "--quiet"]  # 2 seeds, 16 updates
+SMALL = [*SPECS["ppo"].small, "--quiet"]  # 2 seeds, 16 updates
 
 
 def run_main(argv, capsys):
