@@ -5,14 +5,17 @@ each test is that command, in a process of its own with the command line's XLA f
 tests' (conftest.TEST_XLA_FLAGS): its seeds spread over the host's XLA devices as the command line
 spreads them (on this 2-core CPU, dqn.py's test took 29% less CPU time than on one device).
 tests/test_train.py and tests/test_sharding.py show the command line trains as `train` does.
-Each file's target and extra checks are in its spec (tests/specs/<name>.py)."""
+Each file's target and extra checks are in its spec (tests/specs/<name>.py). Each test trains the default's first
+LEARNING_SEEDS seeds' worth (`--num-seeds 4`, half the default's 8: CI's budget); the seed counts over 24 seeds
+are benchmarks/bench_seeds.py's (benchmarks/results/seeds_cpu.md)."""
 
+import dataclasses
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from specs import SPECS
+from specs import LEARNING_SEEDS, SPECS
 
 from conftest import ROOT, SPECIFIED, command_line, command_line_env, load_algorithm
 from onefile_harness import stats
@@ -39,14 +42,15 @@ def command_line_run(module, flags, runs_dir, own_process=True) -> tuple[dict, n
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", SPECIFIED)
 def test_default_config_learns_across_seeds(name, tmp_path):
-    """The default Config's seeds end at its spec's target (tests/specs/<name>.py), on the spec's env: at least
-    `reach` of them (the greedy policies too, where the spec says), with the spec's mean and learning_checks."""
+    """The default Config's seeds (LEARNING_SEEDS of them) end at its spec's target (tests/specs/<name>.py), on the
+    spec's env: at least `reach` of them (the greedy policies too, where the spec says), with the spec's mean and
+    learning_checks."""
     module, spec = load_algorithm(name), SPECS[name]
     target, extra_checks = spec.target, spec.learning_checks
-    config = module.Config()
-    assert config.env_name == spec.env
-    assert config.num_seeds >= 8, "the default must train several seeds side by side"
-    metrics, greedy = command_line_run(module, [], tmp_path / "runs")
+    assert module.Config().env_name == spec.env
+    assert module.Config().num_seeds >= 8, "the default must train several seeds side by side"
+    config = dataclasses.replace(module.Config(), num_seeds=LEARNING_SEEDS)
+    metrics, greedy = command_line_run(module, ["--num-seeds", LEARNING_SEEDS], tmp_path / "runs")
 
     assert metrics["finite"].all()
     assert metrics["episode_return"].shape == (config.num_seeds, config.num_updates)

@@ -16,7 +16,7 @@ SPEC = Spec(
         "v-min-not-below-v-max": (["--v-min", "5", "--v-max", "5"], "--v-min"),
     },
     target=SOLVED,
-    reach=7,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
+    reach=3,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
     greedy_target=SOLVED,  # the greedy policy (no exploration) as well
     learning_checks=dqn.learning_checks,
     built_from="dqn",

@@ -9,7 +9,7 @@ def learning_checks(ppo_rnd, config, metrics, greedy, tmp_path):
     """Every seed found the treasure in the first quarter of training (ppo.py at this budget misses it on some
     seeds: docs/results.md); the greedy policy going straight to it is the spec's greedy_target."""
     found = (np.nan_to_num(metrics["episode_return"], nan=0.0) > 0.9)[:, : config.num_updates // 4].any(-1)
-    assert found.sum() >= 7, f"seeds that found the treasure in the first quarter of training: {found}"
+    assert found.sum() >= len(found) - 1, f"seeds that found the treasure in the first quarter of training: {found}"
 
 
 SPEC = Spec(
@@ -42,7 +42,7 @@ SPEC = Spec(
     },
     # DeepSea (size 8): 0.99 for reaching the treasure, about 0 for a seed that never finds it.
     target=0.9,
-    reach=7,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
+    reach=3,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
     greedy_target=0.98,  # straight to the treasure
     learning_checks=learning_checks,
     built_from="ppo",

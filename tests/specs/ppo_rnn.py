@@ -45,7 +45,7 @@ SPEC = Spec(
     },
     # CartPole-v1 observing only cart position and pole angle: the velocities must be remembered.
     target=SOLVED,
-    reach=7,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
+    reach=3,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
     learning_checks=learning_checks,
     env="CartPole-v1-no-velocity",
     obs_dim=2,

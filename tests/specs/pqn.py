@@ -41,6 +41,6 @@ SPEC = Spec(
         "sweep-ppo-only-field": (["--sweep", "gae-lambda=0.9"], "--sweep"),
     },
     target=SOLVED,
-    reach=7,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
+    reach=3,  # 24 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
     learning_checks=learning_checks,
 )

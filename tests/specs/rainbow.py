@@ -20,7 +20,7 @@ SPEC = Spec(
         "priority-eps-zero": (["--priority-eps", "0"], "--priority-eps"),
     },
     target=SOLVED,
-    reach=6,  # 23 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
+    reach=3,  # 23 of 24 seeds reached it here (benchmarks/results/seeds_cpu.md)
     greedy_target=SOLVED,  # the greedy policy (no exploration) as well
     learning_checks=dqn.learning_checks,
     built_from="c51",
