@@ -1,13 +1,13 @@
 """PPO with a Transformer-XL memory (Dai et al. 2019; --gating --layer-norm: the GTrXL of Parisotto et al. 2019) for
-partially observable discrete-action gymnax environments, in one file: `python ppo_trxl.py` (CartPole-v1 without
-velocities; --env-name MemoryChain-bsuite-60 --memory-len 64, say; --help lists every option). Each step embeds the
+partially observable discrete-action gymnax environments, in one file: `python ppo_trxl.py` (bsuite's MemoryChain with
+one bit kept for 30 steps; --env-name CartPole-v1-no-velocity, say; --help lists every option). Each step embeds the
 observation and, layer by layer, attends over that layer's inputs at the last `memory_len` steps of the same episode
 (a cache carried from step to step as a GRU carries its state). The update replays each env's whole rollout window
 from the cache the rollout began with, so its first pass reproduces the acting policy. The whole run (rollout, GAE,
 epochs of minibatch updates) is one jitted function; seeds, and sweep points of the float hyperparameters in HParams,
 are vmapped into one program:
 
-    train = make_train(Config(env_name="CartPole-v1-no-velocity"))
+    train = make_train(Config(env_name="MemoryChain-bsuite-30"))
     runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
 
 Needs jax, flax, optax, chex, gymnax and numpy only; importing it defines things and does nothing else.
@@ -46,7 +46,7 @@ ACTIONS = "discrete"  # the action spaces this algorithm takes
 class Config:
     """Each field is a flag (`lr` is --lr), annotated with its help, then the rules its value satisfies."""
 
-    env_name: Annotated[str, "a discrete-action gymnax env, or one of MEMORY_ENVS"] = "CartPole-v1-no-velocity"
+    env_name: Annotated[str, "a discrete-action gymnax env, or one of MEMORY_ENVS"] = "MemoryChain-bsuite-30"
     total_timesteps: Annotated[int, "env steps per run (all envs together)", "total_timesteps < 2**31"] = 299_520
     num_envs: Annotated[int, "parallel environments per run", "0 < num_envs < 2**31"] = 16
     num_steps: Annotated[int, "steps per env in each rollout (the replayed window)", "0 < num_steps < 2**31"] = 32
@@ -64,7 +64,7 @@ class Config:
     embed_size: Annotated[int, "width of the embedding, every layer and the heads", "0 < embed_size < 2**31"] = 32
     num_layers: Annotated[int, "transformer layers, each with its memory", "0 < num_layers < 2**31"] = 3
     num_heads: Annotated[int, "attention heads per layer; divides embed_size", "0 < num_heads < 2**31"] = 2
-    memory_len: Annotated[int, "past steps each layer attends over, and itself", "0 < memory_len < 2**31"] = 8
+    memory_len: Annotated[int, "past steps each layer attends over, and itself", "0 < memory_len < 2**31"] = 32
     positional_encoding: Annotated[
         str,
         "relative: a learned bias per head and distance (steps back); absolute: sinusoids of the step in the episode "
@@ -455,7 +455,7 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     """`act(params, obs, key, memory) -> (action, memory)` for one observation in the env's own shape (vmap it for a
     batch), memory a `Memory` (its steps' layer inputs), `act.memory` where an episode begins: the most probable
     action, or (greedy=False) one drawn from the softmax as in training."""
-    register_memory_envs()  # so that VecEnv finds CartPole-v1-no-velocity
+    register_memory_envs()  # so that VecEnv finds MEMORY_ENVS
     network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions).actor_critic
 
     def act(params, obs: jax.Array, key: jax.Array, memory: Memory):

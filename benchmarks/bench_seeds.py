@@ -33,7 +33,7 @@ DEFAULTS = {
     "rainbow": 475.0,
     "pqn": 475.0,
     "ppo_rnn": 475.0,  # CartPole-v1-no-velocity: the same threshold, the velocities remembered
-    "ppo_trxl": 475.0,
+    "ppo_trxl": 0.9,  # MemoryChain-bsuite-30: +1 for the bit seen 30 steps before, -1 otherwise
     "ppo_continuous": -250.0,  # Pendulum-v1 (sac.py and td3.py, off-policy, reach -200)
     "sac": -200.0,
     "td3": -200.0,
@@ -106,13 +106,14 @@ def run_rows(rows: list, seed_sets: list, num_seeds: int, jobs: int, timeout: in
 
 
 def counts(records: list) -> dict:
-    """Per row (file, flags): seeds run, seeds whose final (greedy) return reaches the target, lowest final."""
+    """Per row (file, flags, env: a file's default env can change): seeds run, seeds whose final (greedy) return
+    reaches the target, lowest final."""
     rows = {}
     for r in records:
         if "error" in r:
             continue
-        row = rows.setdefault((r["file"], r["flags"]), {"target": r["target"], "env": r["env_name"], "sets": {}})
-        row["sets"][r["seed"]] = r  # the newest measurement of each seed set
+        row = rows.setdefault((r["file"], r["flags"], r["env_name"]), {"env": r["env_name"], "sets": {}})
+        row["target"], row["sets"][r["seed"]] = r["target"], r  # the newest target, and measurement of each seed set
     table = {}
     for key, row in rows.items():
         final = [x for r in row["sets"].values() for x in r["final"]]
@@ -143,11 +144,13 @@ def markdown(table: dict, where: str) -> list:
     ]
     lines += ["| file | flags | env | target | seeds reaching it | per seed set | lowest seed | greedy reaching it |"]
     lines += ["|---|---|---|---|---|---|---|---|"]
-    for (name, flags), row in table.items():
+    newest_default_env = {name: env for (name, flags, env) in table if not flags}  # records are oldest first
+    for (name, flags, env), row in table.items():
         per_set = ", ".join(f"{s}: {n}" for s, n in sorted(row["per_set"].items()))
         lowest = "–" if row["lowest"] is None else f"{row['lowest']:.1f}"
+        defaults = "(defaults)" if env == newest_default_env[name] else "(the defaults of its date: an earlier env)"
         lines.append(
-            f"| {name} | {flags or '(defaults)'} | {row['env']} | {row['target']:g} | "
+            f"| {name} | {flags or defaults} | {row['env']} | {row['target']:g} | "
             f"{row['reach']} of {row['seeds']} | {per_set} | {lowest} | {row['greedy_reach']} of {row['seeds']} |"
         )
     return lines
