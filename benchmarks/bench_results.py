@@ -117,7 +117,9 @@ RUNS = [
     ),
     ("ppo_rnn", "CartPole-v1-no-velocity", ""),
     ("ppo_rnn", "MemoryChain-bsuite", ""),
-    ("ppo_trxl", "CartPole-v1-no-velocity", ""),
+    # ppo_trxl.py's default (a memory of 32 steps: the whole 31-step episode), and its earlier default env.
+    ("ppo_trxl", "MemoryChain-bsuite-30", ""),
+    ("ppo_trxl", "CartPole-v1-no-velocity", "--memory-len 8"),
     # One bit held for 60 steps (MEMORY_ENVS): the GRU at its defaults loses it on some seeds; the transformer's
     # memory of 64 steps sees it directly (with 3 layers, its default, one seed of 8 never learned it).
     ("ppo_rnn", "MemoryChain-bsuite-60", ""),

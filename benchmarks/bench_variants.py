@@ -43,7 +43,8 @@ PPO_FLAGS = (
     "--env-name DeepSea-bsuite --total-timesteps 500000 --num-envs 16 --num-steps 32 --update-epochs 4 "
     "--num-minibatches 4 --hidden-size 64 --num-seeds 8"
 )
-# ppo_trxl.py's defaults written out for both files (ppo_rnn.py's but the learning rate).
+# ppo_trxl.py's defaults on CartPole-v1-no-velocity written out for both files (ppo_rnn.py's but the learning rate);
+# ppo_trxl.py keeps its own memory_len (8 in variants_cpu.md's rows, 32 since its default env is MemoryChain-bsuite-30).
 TRXL_FLAGS = (
     "--env-name CartPole-v1-no-velocity --total-timesteps 299520 --num-envs 16 --num-steps 32 --update-epochs 4 "
     "--num-minibatches 4 --lr 3e-3 --num-seeds 8"
