@@ -5,8 +5,8 @@ each test is that command, in a process of its own with the command line's XLA f
 tests' (conftest.TEST_XLA_FLAGS): its seeds spread over the host's XLA devices as the command line
 spreads them (on this 2-core CPU, dqn.py's test took 29% less CPU time than on one device).
 tests/test_train.py and tests/test_sharding.py show the command line trains as `train` does.
-Each file's target and extra checks are in its spec (tests/specs/<name>.py). Each test trains the default's first
-LEARNING_SEEDS seeds' worth (`--num-seeds 4`, half the default's 8: CI's budget); the seed counts over 24 seeds
+Each file's target and extra checks are in its spec (tests/specs/<name>.py). Each test runs the default command with
+`--num-seeds 4` (LEARNING_SEEDS, half the default's 8: CI's budget); the seed counts over 24 seeds
 are benchmarks/bench_seeds.py's (benchmarks/results/seeds_cpu.md)."""
 
 import dataclasses
@@ -43,7 +43,7 @@ def command_line_run(module, flags, runs_dir, own_process=True) -> tuple[dict, n
 @pytest.mark.parametrize("name", SPECIFIED)
 def test_default_config_learns_across_seeds(name, tmp_path):
     """The default Config's seeds (LEARNING_SEEDS of them) end at its spec's target (tests/specs/<name>.py), on the
-    spec's env: at least `reach` of them (the greedy policies too, where the spec says), with the spec's mean and
+    spec's env: at least `reach` of them (the greedy policies too, where the spec says), with the spec's
     learning_checks."""
     module, spec = load_algorithm(name), SPECS[name]
     target, extra_checks = spec.target, spec.learning_checks
@@ -60,8 +60,6 @@ def test_default_config_learns_across_seeds(name, tmp_path):
     assert not np.isnan(finals).any(), f"a seed finished no episode near the end: {finals}"
     reached = int((finals >= target).sum())
     assert reached >= spec.reach, f"{reached} seeds reached {target} (at least {spec.reach}): {np.round(finals, 1)}"
-    if spec.mean_target is not None:
-        assert finals.mean() >= spec.mean_target, f"mean {finals.mean():.1f} of {np.round(finals, 1)}"
     if spec.greedy_target is not None:
         reached = int((greedy >= spec.greedy_target).sum())
         message = f"greedy returns per seed: {np.round(greedy, 2)} ({reached} reached {spec.greedy_target})"

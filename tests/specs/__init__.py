@@ -36,7 +36,6 @@ class Spec:
     # that reach `target` here, and `reach` leaves room below that share.
     target: float  # the final return a seed should reach (the README's target)
     reach: int = LEARNING_SEEDS  # how many of the learning test's LEARNING_SEEDS seeds must reach it
-    mean_target: float | None = None  # the mean over those seeds of the final return at least this
     greedy_target: float | None = None  # the greedy evaluation's return that `reach` seeds must reach as well
     learning_checks: Callable | None = None  # (module, config, metrics, greedy, tmp_path): more checks
     # The file this one was made from, whose observations, actions and buffer are its own: a suite's
