@@ -36,7 +36,7 @@ import numpy as np
 import optax
 from flax import serialization
 
-HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 4  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "discrete"  # the action spaces this algorithm takes
 
 
@@ -105,16 +105,26 @@ def validate(config: Config) -> None:
 
 
 # ---- Networks ----
-class QNetwork(nn.Module):  # an MLP from a flat observation to one distribution's logits per action
+class Torso(nn.Module):  # what a network reads first: replace it to read observations another way
+    obs_shape: tuple  # one observation's shape, as the env gives it
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """Observations [..., *obs_shape] as float32 vectors [..., features]."""
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], -1).astype(jnp.float32)
+
+
+class QNetwork(nn.Module):  # an MLP from an observation (flattened by Torso) to one distribution's logits per action
     num_actions: int
     num_atoms: int
+    obs_shape: tuple
     hidden_size: int
     num_layers: int
     activation: str
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        act = getattr(nn, self.activation)  # nn.relu or nn.tanh
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        act, x = getattr(nn, self.activation), Torso(self.obs_shape)(obs)  # nn.relu or nn.tanh
         for _ in range(self.num_layers):
             x = act(nn.Dense(self.hidden_size)(x))
         logits = nn.Dense(self.num_actions * self.num_atoms)(x)
@@ -125,9 +135,9 @@ class Networks(NamedTuple):
     q: nn.Module  # obs -> [num_actions, num_atoms] logits; its parameters are params["q"] (and the target's)
 
 
-def make_networks(config: Config, num_actions: int) -> Networks:
+def make_networks(config: Config, num_actions: int, obs_shape: tuple) -> Networks:
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
-    return Networks(q=QNetwork(num_actions, config.num_atoms, **shape))
+    return Networks(q=QNetwork(num_actions, config.num_atoms, obs_shape, **shape))
 
 
 def q_values(config: Config, network: nn.Module, params, obs: jax.Array) -> jax.Array:
@@ -142,11 +152,11 @@ def support(config: Config) -> jax.Array:
 
 # ---- The replay buffer (the same in dqn.py, c51.py, qr_dqn.py, iqn.py: tests/test_files.py) ----
 class Transition(NamedTuple):
-    obs: jax.Array  # [..., obs_dim]
+    obs: jax.Array  # [..., *obs_shape] in the env's dtype
     action: jax.Array  # [...] int32
     reward: jax.Array  # [...] float32
     terminated: jax.Array  # [...] bool: a terminal state; a time-limit truncation is not one
-    final_obs: jax.Array  # [..., obs_dim] the true next observation (before auto-reset)
+    final_obs: jax.Array  # [..., *obs_shape] the true next observation (before auto-reset)
 
 
 class ReplayBuffer(NamedTuple):  # a circular store of one run's transitions (one per seed): slots [0, size) filled
@@ -155,9 +165,10 @@ class ReplayBuffer(NamedTuple):  # a circular store of one run's transitions (on
     size: jax.Array  # int32, at most capacity
 
 
-def buffer_init(capacity: int, obs_dim: int) -> ReplayBuffer:
+def buffer_init(capacity: int, obs_shape: tuple, obs_dtype) -> ReplayBuffer:  # observations kept as the env gives them
     zeros = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity, *shape), dtype)  # noqa: E731
-    data = Transition(zeros(obs_dim), zeros(dtype=jnp.int32), zeros(), zeros(dtype=bool), final_obs=zeros(obs_dim))
+    obs = zeros(*obs_shape, dtype=obs_dtype)
+    data = Transition(obs, zeros(dtype=jnp.int32), zeros(), zeros(dtype=bool), final_obs=obs)
     return ReplayBuffer(data=data, position=jnp.int32(0), size=jnp.int32(0))
 
 
@@ -279,7 +290,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    networks = make_networks(config, env.num_actions)
+    networks = make_networks(config, env.num_actions, env.obs_shape)
     network = networks.q
     T, N = config.num_steps, config.num_envs
     max_grad_steps = -(-N // config.train_frequency)  # the most one vectorized step can owe (usually 0 or 1 are due)
@@ -287,12 +298,12 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, params_key, env_key = jax.random.split(rng, 3)
-        params = {"q": network.init(params_key, jnp.zeros((1, env.obs_dim)))}
+        params = {"q": network.init(params_key, jnp.zeros((1, *env.obs_shape), env.obs_dtype))}
         return Runner(
             params=params,
             target_params=params,
             opt_state=make_optimizer(config, hparams).init(params),
-            buffer=buffer_init(config.buffer_size, env.obs_dim),
+            buffer=buffer_init(config.buffer_size, env.obs_shape, env.obs_dtype),
             episodes=Episodes.start(*env.reset(env_key)),
             rng=rng,
             hparams=hparams,
@@ -374,10 +385,11 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     """`act(params, obs, key) -> action` for one observation in the env's own shape (vmap it for a batch): the
     action of the highest Q-value (expected return) of the online network, or (greedy=False) epsilon-greedy at
     eps_end."""
-    network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions).q
+    env = env or VecEnv(config.env_name, 1)
+    network = make_networks(config, env.num_actions, env.obs_shape).q
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
-        q = q_values(config, network, params["q"], obs.reshape(-1).astype(jnp.float32))
+        q = q_values(config, network, params["q"], obs)
         return jnp.argmax(q) if greedy else epsilon_greedy(q, config.eps_end, key)
 
     return act
@@ -415,12 +427,12 @@ def validate_hparams(values: dict) -> None:
 
 
 class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    obs: jax.Array  # [num_envs, *obs_shape] after auto-reset, in the env's own shape and dtype
     state: Any
     reward: jax.Array  # [num_envs] float32
     terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
     truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+    final_obs: jax.Array  # [num_envs, *obs_shape] the true next observation, before auto-reset
 
 
 class VecEnv:
@@ -436,31 +448,28 @@ class VecEnv:
             reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
             raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
-        space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
-        kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
+        obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0), self.params)[0]  # one observation, unbatched
+        self.obs_shape, self.obs_dtype = obs.shape, obs.dtype  # as the env gives it: networks flatten what they read
+        space = self.env.action_space(self.params)
+        kind = "discrete" if hasattr(space, "n") else "continuous"
         require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
         self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
         bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
         self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
 
-    def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
-        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-
     def reset(self, key: jax.Array):
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
-        return self.flat(obs), state
+        return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
         keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
         step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, self.params)
         obs, state, reward, terminated, truncated, info = step
-        final_obs = self.flat(info["final_observation"])
-        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+        return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, info["final_observation"])
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)
     env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
+    obs: jax.Array  # [num_envs, *obs_shape]
     episode_return: jax.Array  # [num_envs] return so far
     episode_length: jax.Array  # [num_envs] int32 steps so far
     ended: jax.Array = None  # [3] since counting began: episodes ended, their returns summed, their lengths summed

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 from flax import serialization
 
-HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 4  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "discrete"  # the action spaces this algorithm takes
 
 
@@ -95,16 +95,26 @@ def validate(config: Config) -> None:
 
 
 # ---- Networks ----
+class Torso(nn.Module):  # what a network reads first: replace it to read observations another way
+    obs_shape: tuple  # one observation's shape, as the env gives it
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """Observations [..., *obs_shape] as float32 vectors [..., features]."""
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], -1).astype(jnp.float32)
+
+
 class MLP(nn.Module):  # the actor's and the critic's towers: the same shape, different output scales
     out_dim: int
     out_scale: float
+    obs_shape: tuple
     hidden_size: int
     num_layers: int
     activation: str
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        act = getattr(nn, self.activation)  # nn.tanh or nn.relu
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        act, x = getattr(nn, self.activation), Torso(self.obs_shape)(obs)  # nn.tanh or nn.relu
         for _ in range(self.num_layers):
             x = act(nn.Dense(self.hidden_size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         return nn.Dense(self.out_dim, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
@@ -115,21 +125,22 @@ class Networks(NamedTuple):
     critic: nn.Module  # obs -> [1] value; params["critic"]
 
 
-def make_networks(config: Config, num_actions: int) -> Networks:
-    """Actor (small initial output: a near-uniform first policy) and critic."""
+def make_networks(config: Config, num_actions: int, obs_shape: tuple) -> Networks:
+    """Actor (small initial output: a near-uniform first policy) and critic, of observations of `obs_shape`."""
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
+    shape |= dict(obs_shape=obs_shape)
     return Networks(actor=MLP(num_actions, 0.01, **shape), critic=MLP(1, 1.0, **shape))
 
 
 # ---- The algorithm: GAE, the PPO loss, and the training loop ----
 class Transition(NamedTuple):
-    obs: jax.Array  # [T, N, obs_dim]
+    obs: jax.Array  # [T, N, *obs_shape]
     action: jax.Array  # [T, N]
     log_prob: jax.Array  # [T, N] under the policy that acted
     reward: jax.Array  # [T, N]
     terminated: jax.Array  # [T, N]
     done: jax.Array  # [T, N] terminated or truncated: the next obs starts a new episode
-    final_obs: jax.Array  # [T, N, obs_dim] true next observation (for bootstrapping)
+    final_obs: jax.Array  # [T, N, *obs_shape] true next observation (for bootstrapping)
 
 
 class Batch(NamedTuple):
@@ -209,13 +220,13 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    networks = make_networks(config, env.num_actions)
+    networks = make_networks(config, env.num_actions, env.obs_shape)
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, actor_key, critic_key, env_key = jax.random.split(rng, 4)
-        obs = jnp.zeros((1, env.obs_dim))
+        obs = jnp.zeros((1, *env.obs_shape), env.obs_dtype)
         params = {"actor": networks.actor.init(actor_key, obs), "critic": networks.critic.init(critic_key, obs)}
         opt_state = make_optimizer(config, hparams).init(params)
         episodes = Episodes.start(*env.reset(env_key))
@@ -288,10 +299,11 @@ def sample_action(logits: jax.Array, key: jax.Array):
 def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -> Callable:
     """`act(params, obs, key) -> action` for one observation in the env's own shape (vmap it for a batch): the
     actor's most probable action, or (greedy=False) one drawn from its softmax as in training."""
-    networks = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions)
+    env = env or VecEnv(config.env_name, 1)
+    networks = make_networks(config, env.num_actions, env.obs_shape)
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
-        logits = networks.actor.apply(params["actor"], obs.reshape(-1).astype(jnp.float32))
+        logits = networks.actor.apply(params["actor"], obs)
         return jnp.argmax(logits) if greedy else jax.random.categorical(key, logits)
 
     return act
@@ -329,12 +341,12 @@ def validate_hparams(values: dict) -> None:
 
 
 class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    obs: jax.Array  # [num_envs, *obs_shape] after auto-reset, in the env's own shape and dtype
     state: Any
     reward: jax.Array  # [num_envs] float32
     terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
     truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+    final_obs: jax.Array  # [num_envs, *obs_shape] the true next observation, before auto-reset
 
 
 class VecEnv:
@@ -350,31 +362,28 @@ class VecEnv:
             reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
             raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
-        space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
-        kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
+        obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0), self.params)[0]  # one observation, unbatched
+        self.obs_shape, self.obs_dtype = obs.shape, obs.dtype  # as the env gives it: networks flatten what they read
+        space = self.env.action_space(self.params)
+        kind = "discrete" if hasattr(space, "n") else "continuous"
         require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
         self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
         bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
         self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
 
-    def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
-        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-
     def reset(self, key: jax.Array):
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
-        return self.flat(obs), state
+        return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
         keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
         step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, self.params)
         obs, state, reward, terminated, truncated, info = step
-        final_obs = self.flat(info["final_observation"])
-        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+        return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, info["final_observation"])
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)
     env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
+    obs: jax.Array  # [num_envs, *obs_shape]
     episode_return: jax.Array  # [num_envs] return so far
     episode_length: jax.Array  # [num_envs] int32 steps so far
     ended: jax.Array = None  # [3] since counting began: episodes ended, their returns summed, their lengths summed

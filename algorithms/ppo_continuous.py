@@ -39,7 +39,7 @@ import numpy as np
 import optax
 from flax import serialization
 
-HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 4  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "continuous"  # the action spaces this algorithm takes
 
 
@@ -107,16 +107,26 @@ def validate(config: Config) -> None:
 
 
 # ---- Networks and the Gaussian policy ----
+class Torso(nn.Module):  # what a network reads first: replace it to read observations another way
+    obs_shape: tuple  # one observation's shape, as the env gives it
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """Observations [..., *obs_shape] as float32 vectors [..., features]."""
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], -1).astype(jnp.float32)
+
+
 class MLP(nn.Module):  # the actor's and the critic's towers: the same shape, different output scales
     out_dim: int
     out_scale: float
+    obs_shape: tuple
     hidden_size: int
     num_layers: int
     activation: str
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        act = getattr(nn, self.activation)  # nn.tanh or nn.relu
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        act, x = getattr(nn, self.activation), Torso(self.obs_shape)(obs)  # nn.tanh or nn.relu
         for _ in range(self.num_layers):
             x = act(nn.Dense(self.hidden_size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         return nn.Dense(self.out_dim, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
@@ -129,9 +139,9 @@ class GaussianActor(MLP):
     log_std_init: float = 0.0
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         log_std = self.param("log_std", nn.initializers.constant(self.log_std_init), (self.out_dim,))
-        return super().__call__(x), log_std
+        return super().__call__(obs), log_std
 
 
 class Networks(NamedTuple):
@@ -139,8 +149,9 @@ class Networks(NamedTuple):
     critic: nn.Module  # obs -> [1] value; params["critic"]
 
 
-def make_networks(config: Config, action_dim: int) -> Networks:
+def make_networks(config: Config, action_dim: int, obs_shape: tuple) -> Networks:
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
+    shape |= dict(obs_shape=obs_shape)
     actor = GaussianActor(action_dim, 0.01, **shape, log_std_init=config.log_std_init)
     return Networks(actor=actor, critic=MLP(1, 1.0, **shape))
 
@@ -234,13 +245,13 @@ def discounted_returns(reward, done, gamma, initial):
 
 # ---- The algorithm: GAE, the PPO loss, and the training loop ----
 class Transition(NamedTuple):
-    obs: jax.Array  # [T, N, obs_dim] as the env gave it (not normalised)
+    obs: jax.Array  # [T, N, *obs_shape] as the env gave it (not normalised)
     action: jax.Array  # [T, N, action_dim] the Gaussian sample, before clipping or tanh
     log_prob: jax.Array  # [T, N] under the policy that acted
     reward: jax.Array  # [T, N] as the env gave it (not scaled)
     terminated: jax.Array  # [T, N]
     done: jax.Array  # [T, N] terminated or truncated: the next obs starts a new episode
-    final_obs: jax.Array  # [T, N, obs_dim] true next observation (for bootstrapping)
+    final_obs: jax.Array  # [T, N, *obs_shape] true next observation (for bootstrapping)
 
 
 class Batch(NamedTuple):
@@ -256,7 +267,7 @@ class Runner(NamedTuple):  # everything one run carries from update to update
     params: Any  # {"actor": ..., "critic": ...}
     opt_state: Any
     episodes: "Episodes"
-    obs_norm: RunningStats  # [obs_dim] statistics of every observation acted on, all envs together
+    obs_norm: RunningStats  # [*obs_shape] statistics of every observation acted on, all envs together
     return_norm: RunningStats  # [] statistics of discounted_return, whose std scales the rewards
     discounted_return: jax.Array  # [num_envs] discounted return so far of each env's current episode
     rng: jax.Array
@@ -336,17 +347,17 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    networks, to_env = make_networks(config, env.action_dim), action_map(config, env)
+    networks, to_env = make_networks(config, env.action_dim, env.obs_shape), action_map(config, env)
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, actor_key, critic_key, env_key = jax.random.split(rng, 4)
-        obs = jnp.zeros((1, env.obs_dim))
+        obs = jnp.zeros((1, *env.obs_shape), env.obs_dtype)
         params = {"actor": networks.actor.init(actor_key, obs), "critic": networks.critic.init(critic_key, obs)}
         return Runner(
             params=params, opt_state=make_optimizer(config, hparams).init(params),
-            episodes=Episodes.start(*env.reset(env_key)), obs_norm=RunningStats.empty((env.obs_dim,)),
+            episodes=Episodes.start(*env.reset(env_key)), obs_norm=RunningStats.empty(env.obs_shape),
             return_norm=RunningStats.empty(), discounted_return=jnp.zeros(N), rng=rng, hparams=hparams,
         )  # fmt: skip
 
@@ -436,10 +447,9 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     Gaussian's mean, or (greedy=False) a sample of it as in training, clipped or squashed into the bounds;
     observations normalised by the saved statistics (frozen) with normalize_obs."""
     env = env or VecEnv(config.env_name, 1)
-    networks, to_env = make_networks(config, env.action_dim), action_map(config, env)
+    networks, to_env = make_networks(config, env.action_dim, env.obs_shape), action_map(config, env)
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
-        obs = obs.reshape(-1).astype(jnp.float32)
         if config.normalize_obs:
             obs = normalize(RunningStats(**params["obs_norm"]), obs)
         mean, log_std = networks.actor.apply(params["actor"], obs)
@@ -482,12 +492,12 @@ def validate_hparams(values: dict) -> None:
 
 
 class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    obs: jax.Array  # [num_envs, *obs_shape] after auto-reset, in the env's own shape and dtype
     state: Any
     reward: jax.Array  # [num_envs] float32
     terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
     truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+    final_obs: jax.Array  # [num_envs, *obs_shape] the true next observation, before auto-reset
 
 
 class VecEnv:
@@ -503,31 +513,28 @@ class VecEnv:
             reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
             raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
-        space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
-        kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
+        obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0), self.params)[0]  # one observation, unbatched
+        self.obs_shape, self.obs_dtype = obs.shape, obs.dtype  # as the env gives it: networks flatten what they read
+        space = self.env.action_space(self.params)
+        kind = "discrete" if hasattr(space, "n") else "continuous"
         require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
         self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
         bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
         self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
 
-    def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
-        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-
     def reset(self, key: jax.Array):
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
-        return self.flat(obs), state
+        return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
         keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
         step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, self.params)
         obs, state, reward, terminated, truncated, info = step
-        final_obs = self.flat(info["final_observation"])
-        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+        return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, info["final_observation"])
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)
     env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
+    obs: jax.Array  # [num_envs, *obs_shape]
     episode_return: jax.Array  # [num_envs] return so far
     episode_length: jax.Array  # [num_envs] int32 steps so far
     ended: jax.Array = None  # [3] since counting began: episodes ended, their returns summed, their lengths summed

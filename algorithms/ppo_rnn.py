@@ -35,7 +35,7 @@ import numpy as np
 import optax
 from flax import serialization
 
-HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 4  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "discrete"  # the action spaces this algorithm takes
 
 
@@ -153,6 +153,15 @@ def register_memory_envs() -> None:
 
 
 # ---- Networks ----
+class Torso(nn.Module):  # what a network reads first: replace it to read observations another way
+    obs_shape: tuple  # one observation's shape, as the env gives it
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """Observations [..., *obs_shape] as float32 vectors [..., features]."""
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], -1).astype(jnp.float32)
+
+
 class ActorCritic(nn.Module):
     """obs -> GRU -> actor head (logits) and critic head (value), each `num_layers` Dense layers and an output.
     One GRU whose state both heads read, not one per head: the recurrence is what the update cannot batch over
@@ -160,6 +169,7 @@ class ActorCritic(nn.Module):
     same over stored sequences, as the update replays them."""
 
     num_actions: int
+    obs_shape: tuple
     hidden_size: int
     num_layers: int
     activation: str
@@ -168,7 +178,7 @@ class ActorCritic(nn.Module):
         H, orthogonal = self.hidden_size, nn.initializers.orthogonal
         # The gates (reset r, update z, candidate n) as one [., 3H] matmul of the observation and
         # one of the state; the state's kernel is one orthogonal block per gate, as in flax's GRUCell.
-        self.input_gates = nn.Dense(3 * H)
+        self.torso, self.input_gates = Torso(self.obs_shape), nn.Dense(3 * H)
         blocks = lambda key, shape: jnp.concatenate([orthogonal()(k, (H, H)) for k in jax.random.split(key, 3)], -1)
         self.hidden_kernel = self.param("hidden_kernel", blocks, (H, 3 * H))
         self.hidden_bias = self.param("hidden_bias", nn.initializers.zeros, (3 * H,))
@@ -187,14 +197,14 @@ class ActorCritic(nn.Module):
         return self.actor_out(x), self.critic_out(y)[..., 0]
 
     def __call__(self, hidden: jax.Array, obs: jax.Array):
-        hidden = gru_cell(self.hidden_kernel, self.hidden_bias, hidden, self.input_gates(obs))
+        hidden = gru_cell(self.hidden_kernel, self.hidden_bias, hidden, self.input_gates(self.torso(obs)))
         return (hidden, *self.heads(hidden))
 
     def unroll(self, hidden: jax.Array, obs: jax.Array, start: jax.Array):
-        """(states after each step, logits, values) [T, n, ...] of sequences `obs` [T, n, obs_dim] from the state
+        """(states after each step, logits, values) [T, n, ...] of sequences `obs` [T, n, *obs_shape] from the state
         before their first step [n, H], reset where `start` [T, n]: only the recurrence runs step by step, the
         layers before and after it see all T steps in one batched call."""
-        states = gru_unroll(self.hidden_kernel, self.hidden_bias, hidden, self.input_gates(obs), start)
+        states = gru_unroll(self.hidden_kernel, self.hidden_bias, hidden, self.input_gates(self.torso(obs)), start)
         return (states, *self.heads(states))
 
 
@@ -230,13 +240,14 @@ class Networks(NamedTuple):
     actor_critic: nn.Module  # (GRU state, obs) -> (GRU state, logits, value); its parameters: all of params
 
 
-def make_networks(config: Config, num_actions: int) -> Networks:
-    return Networks(actor_critic=ActorCritic(num_actions, config.hidden_size, config.num_layers, config.activation))
+def make_networks(config: Config, num_actions: int, obs_shape: tuple) -> Networks:
+    shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
+    return Networks(actor_critic=ActorCritic(num_actions, obs_shape, **shape))
 
 
 # ---- The algorithm: GAE, the PPO loss, and the training loop ----
 class Transition(NamedTuple):
-    obs: jax.Array  # [T, N, obs_dim]
+    obs: jax.Array  # [T, N, *obs_shape]
     start: jax.Array  # [T, N] obs begins an episode: the GRU state fed to this step is reset
     action: jax.Array  # [T, N]
     log_prob: jax.Array  # [T, N] under the policy that acted
@@ -244,7 +255,7 @@ class Transition(NamedTuple):
     reward: jax.Array  # [T, N]
     terminated: jax.Array  # [T, N]
     done: jax.Array  # [T, N] terminated or truncated: the next obs starts a new episode
-    final_obs: jax.Array  # [T, N, obs_dim] true next observation (for bootstrapping)
+    final_obs: jax.Array  # [T, N, *obs_shape] true next observation (for bootstrapping)
     next_value: jax.Array = None  # [T, N] V(final_obs), the GRU going on from its state after this step
     advantage: jax.Array = None  # [T, N] GAE's, filled in with the value targets before the update learns
     target: jax.Array = None  # [T, N]
@@ -308,14 +319,15 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.rollout(params, episodes, hidden, key)` is its acting."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    networks = make_networks(config, env.num_actions)
+    networks = make_networks(config, env.num_actions, env.obs_shape)
     network = networks.actor_critic
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, params_key, env_key = jax.random.split(rng, 3)
-        params = network.init(params_key, jnp.zeros((1, config.hidden_size)), jnp.zeros((1, env.obs_dim)))
+        obs = jnp.zeros((1, *env.obs_shape), env.obs_dtype)
+        params = network.init(params_key, jnp.zeros((1, config.hidden_size)), obs)
         opt_state = make_optimizer(config, hparams).init(params)
         episodes, hidden = Episodes.start(*env.reset(env_key)), jnp.zeros((N, config.hidden_size))
         return Runner(params=params, opt_state=opt_state, episodes=episodes, hidden=hidden, rng=rng, hparams=hparams)
@@ -396,10 +408,11 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     batch), memory the GRU state, `act.memory` (zeros) where an episode begins: the most probable action, or
     (greedy=False) one drawn from the softmax as in training."""
     register_memory_envs()  # so that VecEnv finds CartPole-v1-no-velocity
-    network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions).actor_critic
+    env = env or VecEnv(config.env_name, 1)
+    network = make_networks(config, env.num_actions, env.obs_shape).actor_critic
 
     def act(params, obs: jax.Array, key: jax.Array, memory: jax.Array):
-        memory, logits, _ = network.apply(params, memory, obs.reshape(-1).astype(jnp.float32))
+        memory, logits, _ = network.apply(params, memory, obs)
         return jnp.argmax(logits) if greedy else jax.random.categorical(key, logits), memory
 
     act.memory = jnp.zeros(config.hidden_size)
@@ -438,12 +451,12 @@ def validate_hparams(values: dict) -> None:
 
 
 class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    obs: jax.Array  # [num_envs, *obs_shape] after auto-reset, in the env's own shape and dtype
     state: Any
     reward: jax.Array  # [num_envs] float32
     terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
     truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+    final_obs: jax.Array  # [num_envs, *obs_shape] the true next observation, before auto-reset
 
 
 class VecEnv:
@@ -459,31 +472,28 @@ class VecEnv:
             reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
             raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
-        space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
-        kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
+        obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0), self.params)[0]  # one observation, unbatched
+        self.obs_shape, self.obs_dtype = obs.shape, obs.dtype  # as the env gives it: networks flatten what they read
+        space = self.env.action_space(self.params)
+        kind = "discrete" if hasattr(space, "n") else "continuous"
         require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
         self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
         bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
         self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
 
-    def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
-        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-
     def reset(self, key: jax.Array):
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
-        return self.flat(obs), state
+        return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
         keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
         step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, self.params)
         obs, state, reward, terminated, truncated, info = step
-        final_obs = self.flat(info["final_observation"])
-        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+        return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, info["final_observation"])
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)
     env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
+    obs: jax.Array  # [num_envs, *obs_shape]
     episode_return: jax.Array  # [num_envs] return so far
     episode_length: jax.Array  # [num_envs] int32 steps so far
     ended: jax.Array = None  # [3] since counting began: episodes ended, their returns summed, their lengths summed

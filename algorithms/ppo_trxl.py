@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from flax import serialization
 
-HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 4  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "discrete"  # the action spaces this algorithm takes
 
 
@@ -168,6 +168,15 @@ def register_memory_envs() -> None:
 
 
 # ---- Networks ----
+class Torso(nn.Module):  # what a network reads first: replace it to read observations another way
+    obs_shape: tuple  # one observation's shape, as the env gives it
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """Observations [..., *obs_shape] as float32 vectors [..., features]."""
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], -1).astype(jnp.float32)
+
+
 class Memory(NamedTuple):  # what the policy carries from step to step, per env (leading axes [...])
     cache: jax.Array  # [..., num_layers, memory_len, embed_size] each layer's inputs at the last steps, oldest first
     valid: jax.Array  # [..., memory_len] bool: that step is of the current episode
@@ -255,6 +264,7 @@ class ActorCritic(nn.Module):
     obs, start)` takes a window of T steps of n envs: T = 1 as the policy acts, a rollout as the update replays it."""
 
     num_actions: int
+    obs_shape: tuple
     embed_size: int
     num_layers: int
     num_heads: int
@@ -265,9 +275,9 @@ class ActorCritic(nn.Module):
 
     @nn.compact
     def __call__(self, memory: Memory, obs: jax.Array, start: jax.Array):
-        """(each layer's inputs [T, n, num_layers, D], logits [T, n, A], values [T, n]) of `obs` [T, n, obs_dim], with
-        `start` [T, n], after the steps in `memory` (leading axis n; not reset: `start` masks what it must)."""
-        x = nn.Dense(self.embed_size, name="embed")(obs)
+        """(each layer's inputs [T, n, num_layers, D], logits [T, n, A], values [T, n]) of `obs` [T, n, *obs_shape],
+        with `start` [T, n], after the steps in `memory` (leading axis n; not reset: `start` masks what it must)."""
+        x = nn.Dense(self.embed_size, name="embed")(Torso(self.obs_shape)(obs))
         if self.positional_encoding == "absolute":
             x = x + sinusoids(episode_steps(memory.step, start), self.embed_size)
         x, mask, inputs = jnp.swapaxes(x, 0, 1), attention_mask(memory.valid, start), []  # x: [n, T, D]
@@ -286,15 +296,15 @@ class Networks(NamedTuple):
     actor_critic: nn.Module  # (memory, obs, start) -> (layer inputs, logits, value); its parameters: all of params
 
 
-def make_networks(config: Config, num_actions: int) -> Networks:
+def make_networks(config: Config, num_actions: int, obs_shape: tuple) -> Networks:
     size = dict(embed_size=config.embed_size, num_layers=config.num_layers, num_heads=config.num_heads)
     kind = dict(positional_encoding=config.positional_encoding, gating=config.gating, layer_norm=config.layer_norm)
-    return Networks(actor_critic=ActorCritic(num_actions, **size, **kind, activation=config.activation))
+    return Networks(actor_critic=ActorCritic(num_actions, obs_shape, **size, **kind, activation=config.activation))
 
 
 # ---- The algorithm: GAE, the PPO loss, and the training loop ----
 class Transition(NamedTuple):
-    obs: jax.Array  # [T, N, obs_dim]
+    obs: jax.Array  # [T, N, *obs_shape]
     start: jax.Array  # [T, N] obs begins an episode: the steps before it are masked from its attention
     action: jax.Array  # [T, N]
     log_prob: jax.Array  # [T, N] under the policy that acted
@@ -302,7 +312,7 @@ class Transition(NamedTuple):
     reward: jax.Array  # [T, N]
     terminated: jax.Array  # [T, N]
     done: jax.Array  # [T, N] terminated or truncated: the next obs starts a new episode
-    final_obs: jax.Array  # [T, N, obs_dim] true next observation (for bootstrapping)
+    final_obs: jax.Array  # [T, N, *obs_shape] true next observation (for bootstrapping)
     next_value: jax.Array = None  # [T, N] V(final_obs), attending over the memory after this step
     advantage: jax.Array = None  # [T, N] GAE's, filled in with the value targets before the update learns
     target: jax.Array = None  # [T, N]
@@ -366,15 +376,15 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.rollout(params, episodes, memory, key)` is its acting."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    networks = make_networks(config, env.num_actions)
+    networks = make_networks(config, env.num_actions, env.obs_shape)
     network = networks.actor_critic
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, params_key, env_key = jax.random.split(rng, 3)
-        first = (initial_memory(config, 1), jnp.zeros((1, 1, env.obs_dim)), jnp.ones((1, 1), bool))  # one step
-        params = network.init(params_key, *first)
+        obs = jnp.zeros((1, 1, *env.obs_shape), env.obs_dtype)  # one step
+        params = network.init(params_key, initial_memory(config, 1), obs, jnp.ones((1, 1), bool))
         opt_state = make_optimizer(config, hparams).init(params)
         episodes, memory = Episodes.start(*env.reset(env_key)), initial_memory(config, N)
         return Runner(params=params, opt_state=opt_state, episodes=episodes, memory=memory, rng=rng, hparams=hparams)
@@ -456,11 +466,12 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     batch), memory a `Memory` (its steps' layer inputs), `act.memory` where an episode begins: the most probable
     action, or (greedy=False) one drawn from the softmax as in training."""
     register_memory_envs()  # so that VecEnv finds MEMORY_ENVS
-    network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions).actor_critic
+    env = env or VecEnv(config.env_name, 1)
+    network = make_networks(config, env.num_actions, env.obs_shape).actor_critic
 
     def act(params, obs: jax.Array, key: jax.Array, memory: Memory):
         batched, not_start = jax.tree.map(lambda m: m[None], memory), jnp.zeros(1, bool)  # act.memory masks the past
-        inputs, logits, _ = network.apply(params, batched, obs.reshape(1, 1, -1).astype(jnp.float32), not_start[None])
+        inputs, logits, _ = network.apply(params, batched, obs[None, None], not_start[None])
         memory = jax.tree.map(lambda m: m[0], remember(batched, inputs[0], not_start))
         return jnp.argmax(logits[0, 0]) if greedy else jax.random.categorical(key, logits[0, 0]), memory
 
@@ -500,12 +511,12 @@ def validate_hparams(values: dict) -> None:
 
 
 class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    obs: jax.Array  # [num_envs, *obs_shape] after auto-reset, in the env's own shape and dtype
     state: Any
     reward: jax.Array  # [num_envs] float32
     terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
     truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+    final_obs: jax.Array  # [num_envs, *obs_shape] the true next observation, before auto-reset
 
 
 class VecEnv:
@@ -521,31 +532,28 @@ class VecEnv:
             reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
             raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
-        space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
-        kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
+        obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0), self.params)[0]  # one observation, unbatched
+        self.obs_shape, self.obs_dtype = obs.shape, obs.dtype  # as the env gives it: networks flatten what they read
+        space = self.env.action_space(self.params)
+        kind = "discrete" if hasattr(space, "n") else "continuous"
         require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
         self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
         bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
         self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
 
-    def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
-        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-
     def reset(self, key: jax.Array):
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
-        return self.flat(obs), state
+        return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
         keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
         step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, self.params)
         obs, state, reward, terminated, truncated, info = step
-        final_obs = self.flat(info["final_observation"])
-        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+        return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, info["final_observation"])
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)
     env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
+    obs: jax.Array  # [num_envs, *obs_shape]
     episode_return: jax.Array  # [num_envs] return so far
     episode_length: jax.Array  # [num_envs] int32 steps so far
     ended: jax.Array = None  # [3] since counting began: episodes ended, their returns summed, their lengths summed

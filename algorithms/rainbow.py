@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from flax import serialization
 
-HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 4  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "discrete"  # the action spaces this algorithm takes
 
 
@@ -117,6 +117,15 @@ def validate(config: Config) -> None:
 
 
 # ---- Networks ----
+class Torso(nn.Module):  # what a network reads first: replace it to read observations another way
+    obs_shape: tuple  # one observation's shape, as the env gives it
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """Observations [..., *obs_shape] as float32 vectors [..., features]."""
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], -1).astype(jnp.float32)
+
+
 def factorised_noise(key: jax.Array, in_dim: int, out_dim: int) -> tuple[jax.Array, jax.Array]:
     """A layer's noise (Fortunato et al. 2018): f(eps_in) [in_dim] and f(eps_out) [out_dim], f(x) = sign(x) sqrt(|x|)
     of standard normals; the weights' is their outer product, the bias's f(eps_out): in + out draws, not in * out."""
@@ -148,9 +157,10 @@ def dueling(value: jax.Array, advantage: jax.Array) -> jax.Array:
     return value[..., None, :] + advantage - advantage.mean(-2, keepdims=True)
 
 
-class QNetwork(nn.Module):  # an MLP from a flat observation to one distribution's logits per action
+class QNetwork(nn.Module):  # an MLP from an observation (flattened by Torso) to one distribution's logits per action
     num_actions: int
     num_atoms: int
+    obs_shape: tuple
     hidden_size: int
     num_layers: int
     activation: str
@@ -159,8 +169,8 @@ class QNetwork(nn.Module):  # an MLP from a flat observation to one distribution
     sigma0: float
 
     @nn.compact
-    def __call__(self, x: jax.Array, noise: bool = False) -> jax.Array:
-        act = getattr(nn, self.activation)  # nn.relu or nn.tanh
+    def __call__(self, obs: jax.Array, noise: bool = False) -> jax.Array:
+        act, x = getattr(nn, self.activation), Torso(self.obs_shape)(obs)  # nn.relu or nn.tanh
         dense = (lambda n: lambda y: NoisyDense(n, self.sigma0)(y, noise)) if self.noisy else nn.Dense  # c51.py's
         for _ in range(self.num_layers):
             x = act(dense(self.hidden_size)(x))
@@ -172,10 +182,10 @@ class Networks(NamedTuple):
     q: nn.Module  # obs -> [num_actions, num_atoms] logits; its parameters are params["q"] (and the target's)
 
 
-def make_networks(config: Config, num_actions: int) -> Networks:
+def make_networks(config: Config, num_actions: int, obs_shape: tuple) -> Networks:
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
     heads = dict(dueling=config.dueling, noisy=config.noisy, sigma0=config.sigma0)
-    return Networks(q=QNetwork(num_actions, config.num_atoms, **shape, **heads))
+    return Networks(q=QNetwork(num_actions, config.num_atoms, obs_shape, **shape, **heads))
 
 
 def logits_of(network: nn.Module, params, obs: jax.Array, key: jax.Array | None = None) -> jax.Array:
@@ -195,12 +205,12 @@ def support(config: Config) -> jax.Array:
 
 # ---- The replay buffer: dqn.py's with priorities, and n-step returns made at sampling time ----
 class Transition(NamedTuple):
-    obs: jax.Array  # [..., obs_dim]
+    obs: jax.Array  # [..., *obs_shape] in the env's dtype
     action: jax.Array  # [...] int32
     reward: jax.Array  # [...] float32
     terminated: jax.Array  # [...] bool: a terminal state; a time-limit truncation is not one
     truncated: jax.Array  # [...] bool: the time limit cut the episode here (n-step windows stop at it)
-    final_obs: jax.Array  # [..., obs_dim] the true next observation (before auto-reset)
+    final_obs: jax.Array  # [..., *obs_shape] the true next observation (before auto-reset)
 
 
 class ReplayBuffer(NamedTuple):  # a circular store of one run's transitions (one per seed): slots [0, size) filled
@@ -211,9 +221,10 @@ class ReplayBuffer(NamedTuple):  # a circular store of one run's transitions (on
     size: jax.Array  # int32, at most capacity
 
 
-def buffer_init(capacity: int, obs_dim: int) -> ReplayBuffer:
+def buffer_init(capacity: int, obs_shape: tuple, obs_dtype) -> ReplayBuffer:  # observations kept as the env gives them
     zeros = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity, *shape), dtype)  # noqa: E731
-    data = Transition(zeros(obs_dim), zeros(dtype=jnp.int32), zeros(), *[zeros(dtype=bool)] * 2, zeros(obs_dim))
+    obs = zeros(*obs_shape, dtype=obs_dtype)
+    data = Transition(obs, zeros(dtype=jnp.int32), zeros(), *[zeros(dtype=bool)] * 2, obs)
     return ReplayBuffer(data, priority=zeros(), max_priority=jnp.float32(1), position=jnp.int32(0), size=jnp.int32(0))
 
 
@@ -258,11 +269,11 @@ def buffer_prioritize(buffer: ReplayBuffer, slots: jax.Array, priority: jax.Arra
 
 
 class Batch(NamedTuple):  # n-step transitions for the loss
-    obs: jax.Array  # [B, obs_dim]
+    obs: jax.Array  # [B, *obs_shape]
     action: jax.Array  # [B] int32
     reward: jax.Array  # [B] sum_{k<m} gamma^k r_k over the m <= n_step steps of the window
     discount: jax.Array  # [B] gamma^m, or 0 when the window ended in a termination
-    next_obs: jax.Array  # [B, obs_dim] the window's last true next observation: what is bootstrapped from
+    next_obs: jax.Array  # [B, *obs_shape] the window's last true next observation: what is bootstrapped from
     weight: jax.Array  # [B] importance weight (n_step_batch's 1s; prioritised replay's replace them)
 
 
@@ -354,9 +365,8 @@ def td_loss(config: Config, networks: Networks, params, target_params, batch: Ba
     The target: the target network's distribution of (next_obs, a') shifted to the n-step reward + discount * z and
     projected (`project`), a' the argmax of the expected value by the target network or (double DQN) the online one;
     each network draws one noise from `key`. The loss: the importance-weighted mean of the cross entropies (in aux)."""
-    atoms = support(config)
     network, params, target_params = networks.q, params["q"], target_params["q"]
-    online_key, target_key = jax.random.split(key)
+    (online_key, target_key), atoms = jax.random.split(key), support(config)
     next_logits_target = logits_of(network, target_params, batch.next_obs, target_key)
     online_logits = logits_of(network, params, batch.obs, online_key)
     # Double DQN: the online network (the same noise: the same key) picks a'; no gradient flows through the choice.
@@ -379,20 +389,19 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    networks = make_networks(config, env.num_actions)
-    network = networks.q
-    T, N = config.num_steps, config.num_envs
+    networks = make_networks(config, env.num_actions, env.obs_shape)
+    network, T, N = networks.q, config.num_steps, config.num_envs
     max_grad_steps = -(-N // config.train_frequency)  # the most one vectorized step can owe (usually 0 or 1 are due)
 
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, params_key, env_key = jax.random.split(rng, 3)
-        params = {"q": network.init(params_key, jnp.zeros((1, env.obs_dim)))}
+        params = {"q": network.init(params_key, jnp.zeros((1, *env.obs_shape), env.obs_dtype))}
         return Runner(
             params=params,
             target_params=params,
             opt_state=make_optimizer(config, hparams).init(params),
-            buffer=buffer_init(config.buffer_size, env.obs_dim),
+            buffer=buffer_init(config.buffer_size, env.obs_shape, env.obs_dtype),
             episodes=Episodes.start(*env.reset(env_key)),
             rng=rng,
             hparams=hparams,
@@ -401,8 +410,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     def gradient_step(runner: Runner, key: jax.Array, beta: jax.Array):
         """One Adam step on a batch of n-step transitions from the buffer (prioritised, with importance weights, or
         uniform), then the batch's new priorities: (runner, its loss, mean Q and gradient norm)."""
-        sample_key, loss_key = jax.random.split(key)
-        hp, buffer = runner.hparams, runner.buffer
+        (sample_key, loss_key), hp, buffer = jax.random.split(key), runner.hparams, runner.buffer
         if config.prioritized:
             slots, weight = prioritized_slots(buffer, sample_key, config.batch_size, hp.alpha, beta)
         else:
@@ -438,8 +446,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         return runner._replace(target_params=target), (stats, steps < num_grad, num_target)
 
     def update(runner: Runner, update_index: jax.Array):
-        hp = runner.hparams
-        rng, steps_key = jax.random.split(runner.rng)
+        hp, (rng, steps_key) = runner.hparams, jax.random.split(runner.rng)
 
         def env_step(runner: Runner, inputs):
             """One vectorized env step into the buffer (epsilon-greedy on the Q-values of one draw of the noisy layers'
@@ -448,8 +455,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
             action_key, noise_key, env_key, learn_key = jax.random.split(key, 4)
             before = (update_index * T + t) * N  # env steps of this run before this vectorized step
             # Same for every seed and sweep point (not batched under vmap): the conds in learn stay conds.
-            eps = epsilon(config, hp, before)
-            obs = runner.episodes.obs
+            eps, obs = epsilon(config, hp, before), runner.episodes.obs
             action = epsilon_greedy(q_values(config, network, runner.params["q"], obs, noise_key), eps, action_key)
             step = env.step(env_key, runner.episodes.env_state, action)
             transition = Transition(obs, action, step.reward, step.terminated, step.truncated, step.final_obs)
@@ -485,10 +491,11 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     """`act(params, obs, key) -> action` for one observation in the env's own shape (vmap it for a batch): the
     action of the highest Q-value (expected return) of the online network at its noisy layers' mean weights
     (deterministic), or (greedy=False) as in training: noise drawn from `key`, then epsilon-greedy at eps_end."""
-    network = make_networks(config, (env or VecEnv(config.env_name, 1)).num_actions).q
+    env = env or VecEnv(config.env_name, 1)
+    network = make_networks(config, env.num_actions, env.obs_shape).q
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
-        obs, (noise_key, action_key) = obs.reshape(-1).astype(jnp.float32), jax.random.split(key)
+        noise_key, action_key = jax.random.split(key)
         q = q_values(config, network, params["q"], obs, None if greedy else noise_key)
         return jnp.argmax(q) if greedy else epsilon_greedy(q, config.eps_end, action_key)
 
@@ -527,12 +534,12 @@ def validate_hparams(values: dict) -> None:
 
 
 class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    obs: jax.Array  # [num_envs, *obs_shape] after auto-reset, in the env's own shape and dtype
     state: Any
     reward: jax.Array  # [num_envs] float32
     terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
     truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+    final_obs: jax.Array  # [num_envs, *obs_shape] the true next observation, before auto-reset
 
 
 class VecEnv:
@@ -548,31 +555,28 @@ class VecEnv:
             reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
             raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
-        space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
-        kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
+        obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0), self.params)[0]  # one observation, unbatched
+        self.obs_shape, self.obs_dtype = obs.shape, obs.dtype  # as the env gives it: networks flatten what they read
+        space = self.env.action_space(self.params)
+        kind = "discrete" if hasattr(space, "n") else "continuous"
         require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
         self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
         bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
         self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
 
-    def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
-        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-
     def reset(self, key: jax.Array):
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
-        return self.flat(obs), state
+        return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
         keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
         step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, self.params)
         obs, state, reward, terminated, truncated, info = step
-        final_obs = self.flat(info["final_observation"])
-        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+        return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, info["final_observation"])
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)
     env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
+    obs: jax.Array  # [num_envs, *obs_shape]
     episode_return: jax.Array  # [num_envs] return so far
     episode_length: jax.Array  # [num_envs] int32 steps so far
     ended: jax.Array = None  # [3] since counting began: episodes ended, their returns summed, their lengths summed

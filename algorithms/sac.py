@@ -40,7 +40,7 @@ import numpy as np
 import optax
 from flax import serialization
 
-HARNESS_PROTOCOL = 3  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
+HARNESS_PROTOCOL = 4  # the run harness's interface this file follows (algorithms/onefile_harness/protocol.py)
 ACTIONS = "continuous"  # the action spaces this algorithm takes (bounded: the policy squashes into them)
 
 
@@ -106,14 +106,26 @@ def validate(config: Config) -> None:
 
 
 # ---- Networks ----
+class Torso(nn.Module):  # what a network reads first: replace it to read observations another way
+    obs_shape: tuple  # one observation's shape, as the env gives it
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        """Observations [..., *obs_shape] as float32 vectors [..., features]."""
+        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], -1).astype(jnp.float32)
+
+
 class MLP(nn.Module):  # the actor and every critic: `num_layers` hidden layers, then a linear output
     out_dim: int
+    obs_shape: tuple
     hidden_size: int
     num_layers: int
     activation: str
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, obs: jax.Array, action: jax.Array | None = None) -> jax.Array:
+        x = Torso(self.obs_shape)(obs)  # a critic reads the action too, after the observation's features
+        x = x if action is None else jnp.concatenate([x, action], axis=-1)
         for _ in range(self.num_layers):
             x = getattr(nn, self.activation)(nn.Dense(self.hidden_size)(x))  # nn.relu, nn.tanh or nn.swish
         return nn.Dense(self.out_dim)(x)
@@ -121,12 +133,13 @@ class MLP(nn.Module):  # the actor and every critic: `num_layers` hidden layers,
 
 class Networks(NamedTuple):
     actor: nn.Module  # obs -> the actor's outputs (actor_outputs); its parameters are params["actor"]
-    critic: nn.Module  # [obs, action] -> Q; params["critic"] stacks num_critics of them on a leading axis
+    critic: nn.Module  # (obs, action) -> Q; params["critic"] stacks num_critics of them on a leading axis
     log_std_bounds: tuple  # (log_std_min, log_std_max)
 
 
-def make_networks(config: Config, action_dim: int) -> Networks:
+def make_networks(config: Config, action_dim: int, obs_shape: tuple) -> Networks:
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
+    shape |= dict(obs_shape=obs_shape)
     bounds = (config.log_std_min, config.log_std_max)
     return Networks(actor=MLP(2 * action_dim, **shape), critic=MLP(1, **shape), log_std_bounds=bounds)
 
@@ -135,8 +148,7 @@ def make_networks(config: Config, action_dim: int) -> Networks:
 def critic_values(networks: Networks, critics, obs: jax.Array, action: jax.Array) -> jax.Array:
     """Every critic's Q(obs, action in [-1, 1]): [num_critics, batch]. The critics are one network
     vmapped over their stacked parameters: all of them run as one batched matmul per layer."""
-    x = jnp.concatenate([obs, action], axis=-1)
-    return jax.vmap(lambda params: networks.critic.apply(params, x)[..., 0])(critics)
+    return jax.vmap(lambda params: networks.critic.apply(params, obs, action)[..., 0])(critics)
 
 
 class ActionScale(NamedTuple):  # the affine map from the tanh's range [-1, 1] onto the env's action bounds
@@ -153,11 +165,11 @@ def action_scale(env: "VecEnv") -> ActionScale:
 
 
 class Transition(NamedTuple):
-    obs: jax.Array  # [..., obs_dim]
+    obs: jax.Array  # [..., *obs_shape] in the env's dtype
     action: jax.Array  # [..., action_dim] in [-1, 1]: the action before the rescale to the env's bounds
     reward: jax.Array  # [...] float32
     terminated: jax.Array  # [...] bool: a terminal state; a time-limit truncation is not one
-    final_obs: jax.Array  # [..., obs_dim] the true next observation (before auto-reset)
+    final_obs: jax.Array  # [..., *obs_shape] the true next observation (before auto-reset)
 
 
 class ReplayBuffer(NamedTuple):  # a circular store of one run's transitions (one per seed): slots [0, size) filled
@@ -166,10 +178,11 @@ class ReplayBuffer(NamedTuple):  # a circular store of one run's transitions (on
     size: jax.Array  # int32, at most capacity
 
 
-def buffer_init(capacity: int, obs_dim: int, action_dim: int) -> ReplayBuffer:
+def buffer_init(capacity: int, obs_shape: tuple, obs_dtype, action_dim: int) -> ReplayBuffer:
     zeros = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity, *shape), dtype)  # noqa: E731
-    fields = dict(obs=zeros(obs_dim), action=zeros(action_dim), reward=zeros(), terminated=zeros(dtype=bool))
-    return ReplayBuffer(data=Transition(**fields, final_obs=zeros(obs_dim)), position=jnp.int32(0), size=jnp.int32(0))
+    obs = zeros(*obs_shape, dtype=obs_dtype)
+    fields = dict(obs=obs, action=zeros(action_dim), reward=zeros(), terminated=zeros(dtype=bool))
+    return ReplayBuffer(data=Transition(**fields, final_obs=obs), position=jnp.int32(0), size=jnp.int32(0))
 
 
 def buffer_add(buffer: ReplayBuffer, batch: Transition) -> ReplayBuffer:
@@ -286,20 +299,21 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
     low, high = env.action_low, env.action_high  # the squashed actions need finite bounds
     require(np.isfinite([low, high]).all(), f"--env-name {config.env_name} has unbounded actions ({low} to {high})")
-    networks, scale = make_networks(config, env.action_dim), action_scale(env)
+    networks, scale = make_networks(config, env.action_dim, env.obs_shape), action_scale(env)
     T, N, A = config.num_steps, config.num_envs, env.action_dim
 
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, actor_key, critic_key, env_key = jax.random.split(rng, 4)
-        obs, critic_keys = jnp.zeros((1, env.obs_dim)), jax.random.split(critic_key, config.num_critics)
-        critics = jax.vmap(networks.critic.init, in_axes=(0, None))(critic_keys, jnp.zeros((1, env.obs_dim + A)))
+        obs = jnp.zeros((1, *env.obs_shape), env.obs_dtype)
+        critic_keys = jax.random.split(critic_key, config.num_critics)
+        critics = jax.vmap(networks.critic.init, in_axes=(0, None, None))(critic_keys, obs, jnp.zeros((1, A)))
         params = {"actor": networks.actor.init(actor_key, obs), "critic": critics, "log_alpha": jnp.zeros(())}
         return Runner(
             params=params,  # log_alpha 0: alpha starts at 1
             target_params={"critic": critics},
             opt_state=make_optimizer(config, hparams).init(params),
-            buffer=buffer_init(config.buffer_size, env.obs_dim, A),
+            buffer=buffer_init(config.buffer_size, env.obs_shape, env.obs_dtype, A),
             episodes=Episodes.start(*env.reset(env_key)),
             rng=rng,
             hparams=hparams,
@@ -388,10 +402,10 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     """`act(params, obs, key) -> action` for one observation in the env's own shape (vmap it for a batch): the
     squashed mean centre + half_range * tanh(mean), or (greedy=False) the squashed sample the policy acts with."""
     env = env or VecEnv(config.env_name, 1)
-    networks, scale = make_networks(config, env.action_dim), action_scale(env)
+    networks, scale = make_networks(config, env.action_dim, env.obs_shape), action_scale(env)
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
-        mean, log_std = actor_outputs(networks, params["actor"], obs.reshape(-1).astype(jnp.float32))
+        mean, log_std = actor_outputs(networks, params["actor"], obs)
         return scale(jnp.tanh(mean) if greedy else squashed_sample(mean, log_std, key, scale)[0])
 
     return act
@@ -429,12 +443,12 @@ def validate_hparams(values: dict) -> None:
 
 
 class EnvStep(NamedTuple):
-    obs: jax.Array  # [num_envs, obs_dim] after auto-reset
+    obs: jax.Array  # [num_envs, *obs_shape] after auto-reset, in the env's own shape and dtype
     state: Any
     reward: jax.Array  # [num_envs] float32
     terminated: jax.Array  # [num_envs] bool: the episode reached a terminal state
     truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
-    final_obs: jax.Array  # [num_envs, obs_dim] the true next observation, before auto-reset
+    final_obs: jax.Array  # [num_envs, *obs_shape] the true next observation, before auto-reset
 
 
 class VecEnv:
@@ -450,31 +464,28 @@ class VecEnv:
             reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
             raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
         self.num_envs, self.max_episode_steps = num_envs, self.params.max_steps_in_episode
-        space, shape = self.env.action_space(self.params), self.env.observation_space(self.params).shape
-        kind, self.obs_dim = "discrete" if hasattr(space, "n") else "continuous", int(np.prod(shape))
+        obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0), self.params)[0]  # one observation, unbatched
+        self.obs_shape, self.obs_dtype = obs.shape, obs.dtype  # as the env gives it: networks flatten what they read
+        space = self.env.action_space(self.params)
+        kind = "discrete" if hasattr(space, "n") else "continuous"
         require(kind == ACTIONS, f"--env-name {env_name} has {kind} actions; this file takes {ACTIONS} actions")
         self.num_actions, self.action_shape = getattr(space, "n", 0), space.shape
         bounds = (np.float32(np.broadcast_to(getattr(space, end, 0), space.shape)).flatten() for end in ("low", "high"))
         self.action_dim, (self.action_low, self.action_high) = int(np.prod(space.shape)), bounds  # continuous actions
 
-    def flat(self, obs: jax.Array) -> jax.Array:  # [num_envs, ...] observations as [num_envs, obs_dim] float32
-        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-
     def reset(self, key: jax.Array):
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
-        return self.flat(obs), state
+        return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, self.num_envs), self.params)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
         keys, action = jax.random.split(key, self.num_envs), action.reshape(self.num_envs, *self.action_shape)
         step = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(keys, state, action, self.params)
         obs, state, reward, terminated, truncated, info = step
-        final_obs = self.flat(info["final_observation"])
-        return EnvStep(self.flat(obs), state, reward.astype(jnp.float32), terminated, truncated, final_obs)
+        return EnvStep(obs, state, reward.astype(jnp.float32), terminated, truncated, info["final_observation"])
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)
     env_state: Any
-    obs: jax.Array  # [num_envs, obs_dim]
+    obs: jax.Array  # [num_envs, *obs_shape]
     episode_return: jax.Array  # [num_envs] return so far
     episode_length: jax.Array  # [num_envs] int32 steps so far
     ended: jax.Array = None  # [3] since counting began: episodes ended, their returns summed, their lengths summed

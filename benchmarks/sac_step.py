@@ -51,16 +51,16 @@ def loss_and_grad_us(sac) -> float:
 
     config = sac.Config(**REJAX_CONFIG["sac"], num_seeds=1)
     env = sac.VecEnv(config.env_name, 1)
-    networks, scale = sac.make_networks(config, env.action_dim), sac.action_scale(env)
+    networks, scale = sac.make_networks(config, env.action_dim, env.obs_shape), sac.action_scale(env)
     runner = sac.make_train(config).init(jax.random.PRNGKey(0))  # the parameters a run starts from
-    B, A, O = config.batch_size, env.action_dim, env.obs_dim
+    B, A, O = config.batch_size, env.action_dim, env.obs_shape
     keys = jax.random.split(jax.random.PRNGKey(1), 5)
     batch = sac.Transition(
-        obs=jax.random.normal(keys[0], (B, O)),
+        obs=jax.random.normal(keys[0], (B, *O)),
         action=jax.random.uniform(keys[1], (B, A), minval=-1, maxval=1),
         reward=jax.random.normal(keys[2], (B,)),
         terminated=jax.numpy.zeros(B, bool),
-        final_obs=jax.random.normal(keys[3], (B, O)),
+        final_obs=jax.random.normal(keys[3], (B, *O)),
     )
     target = runner.target_params["critic"]
     loss = lambda params: sac.sac_loss(config, networks, params, target, batch, scale, runner.hparams, keys[4])[0]  # noqa: E731

@@ -76,7 +76,7 @@ def hparams(module, config, **values):
 
 
 def init_pair(module, config):
-    network = module.make_networks(config, NUM_ACTIONS).q
+    network = module.make_networks(config, NUM_ACTIONS, (OBS_DIM,)).q
     online = jax.device_get(network.init(jax.random.PRNGKey(0), jnp.zeros((1, OBS_DIM))))
     target = jax.device_get(network.init(jax.random.PRNGKey(1), jnp.zeros((1, OBS_DIM))))
     return network, online, target
@@ -404,7 +404,7 @@ def test_quantile_huber_loss_and_its_autodiff_gradient_match_numpy(qr_dqn, kappa
 def test_greedy_policies_act_on_the_mean(c51, qr_dqn, c51_setup, qr_setup):
     obs = np.random.default_rng(6).normal(size=(32, OBS_DIM)).astype(np.float32)
     for module, (config, _, online, _, _), width in ((c51, c51_setup, ATOMS), (qr_dqn, qr_setup, QUANTILES)):
-        env = types.SimpleNamespace(num_actions=NUM_ACTIONS)  # all the policy reads of its env
+        env = types.SimpleNamespace(num_actions=NUM_ACTIONS, obs_shape=(OBS_DIM,))  # all the policy reads of its env
         act = jax.vmap(module.make_act(config, env=env), in_axes=(None, 0, None))
         action = jax.jit(act)({"q": online}, obs, KEY)
         heads = numpy_heads(online, obs, width)

@@ -63,7 +63,7 @@ def test_the_readme_acts_with_a_finished_run(finished_run):
     scope = {}
     exec(PLACEHOLDER.sub(str(finished_run), block), scope)  # ppo: the module the tests load (conftest)
     ppo, params, obs = load_algorithm("ppo"), scope["params"], scope["obs"]
-    networks = ppo.make_networks(scope["config"], 2)
+    networks = ppo.make_networks(scope["config"], 2, obs.shape)
     assert int(scope["action"]) == int(networks.actor.apply(params["actor"], obs).argmax())
 
 

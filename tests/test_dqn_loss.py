@@ -46,7 +46,7 @@ KEY = jax.random.PRNGKey(7)  # td_loss's key: DQN's loss draws nothing from it
 @pytest.fixture(scope="module")
 def q_setup(dqn):
     config = dqn.Config(hidden_size=16, num_layers=2)
-    network = dqn.make_networks(config, 3).q
+    network = dqn.make_networks(config, 3, (4,)).q
     online = jax.device_get(network.init(jax.random.PRNGKey(0), jnp.zeros((1, 4))))
     target = jax.device_get(network.init(jax.random.PRNGKey(1), jnp.zeros((1, 4))))
     rng = np.random.default_rng(0)

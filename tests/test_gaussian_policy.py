@@ -95,7 +95,7 @@ def test_sample_action_is_drawn_from_the_steps_key(squash):
     """The rollout's action: u = mean + std * normal(key), drawn from the key the step is given (no noise
     drawn ahead), with the stored log-probability of the closed form (minus log|da/du| when squashed)."""
     config = pc.Config(hidden_size=8, num_layers=1, log_std_init=-0.4, squash=squash)
-    networks = pc.make_networks(config, action_dim=2)
+    networks = pc.make_networks(config, action_dim=2, obs_shape=(3,))
     params = {"actor": networks.actor.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))}
     to_env = pc.ActionMap(jnp.array([-2.0, -1.0]), jnp.array([2.0, 3.0]), squash)
     obs, key = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)), jnp.float32), jax.random.PRNGKey(7)

@@ -31,7 +31,7 @@ def iqn():
 
 
 def numpy_iqn(params, x, taus, embedding_dim):
-    """The Q-network in float64 NumPy for one observation x [obs_dim] at levels taus [M]: [M, actions].
+    """The Q-network in float64 NumPy for one observation x [OBS_DIM] at levels taus [M]: [M, actions].
     psi = relu hidden layers of x; phi_j = relu(sum_i cos(pi i tau_j) w_ij + b_j); then relu(Dense(psi * phi))
     and the output layer (Dense_0 .. Dense_{L-1} hidden, then phi's, the merge's and the output's)."""
     layers = params["params"]
@@ -73,7 +73,7 @@ def setup(iqn):
     config = iqn.Config(
         hidden_size=16, embedding_dim=8, num_taus=N, num_target_taus=N_TARGET, num_action_taus=K, kappa=1.0
     )
-    network = iqn.make_networks(config, NUM_ACTIONS).q
+    network = iqn.make_networks(config, NUM_ACTIONS, (OBS_DIM,)).q
     init = lambda seed: network.init(jax.random.PRNGKey(seed), jnp.zeros((1, OBS_DIM)), jnp.zeros((1, N)))  # noqa: E731
     rng, n = np.random.default_rng(0), 48
     batch = iqn.Transition(  # continuing, truncated (not terminated: bootstraps from final_obs), terminated
@@ -198,7 +198,7 @@ def test_the_loss_draws_its_levels_from_its_key(iqn, setup):
 
 def test_the_greedy_action_is_the_argmax_of_q_values(iqn, setup):
     config, network, online, _, batch = setup
-    env = types.SimpleNamespace(num_actions=NUM_ACTIONS)  # all the policy reads of its env
+    env = types.SimpleNamespace(num_actions=NUM_ACTIONS, obs_shape=(OBS_DIM,))  # all the policy reads of its env
     act = jax.jit(jax.vmap(iqn.make_act(config, env=env), in_axes=(None, 0, None)))
     actions = np.asarray(act({"q": online}, batch.obs, KEY))
     action_taus_key = jax.random.split(KEY)[0]  # make_act's draw for the levels

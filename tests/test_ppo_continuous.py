@@ -88,7 +88,7 @@ def test_ppo_loss_equals_numpy_and_its_gradient_is_jax_grad_of_it():
     """The loss of a minibatch against NumPy; the update differentiates it with jax.grad alone (no
     hand-written gradient, no flattened parameters): its gradient is the same whatever the key."""
     config = pc.Config(hidden_size=16)
-    networks, to_env = pc.make_networks(config, 1), pc.ActionMap(jnp.array([-2.0]), jnp.array([2.0]), False)
+    networks, to_env = pc.make_networks(config, 1, (3,)), pc.ActionMap(jnp.array([-2.0]), jnp.array([2.0]), False)
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     obs = jnp.zeros((1, 3))
     params = {"actor": networks.actor.init(keys[0], obs), "critic": networks.critic.init(keys[1], obs)}
@@ -146,8 +146,8 @@ def cli_run(tmp_path_factory):
 
 def test_statistics_are_per_feature_and_count_every_step(cli_run):
     config, runner, metrics, _, _ = cli_run
-    obs_dim, steps = 3, config.num_updates * config.steps_per_update  # Pendulum: cos, sin, angular velocity
-    assert runner.obs_norm.mean.shape == runner.obs_norm.var.shape == (config.num_seeds, obs_dim)
+    obs_shape, steps = (3,), config.num_updates * config.steps_per_update  # Pendulum: cos, sin, angular velocity
+    assert runner.obs_norm.mean.shape == runner.obs_norm.var.shape == (config.num_seeds, *obs_shape)
     np.testing.assert_array_equal(runner.obs_norm.count, steps)
     np.testing.assert_array_equal(runner.return_norm.count, steps)
     assert (np.abs(runner.obs_norm.mean[:, :2]) <= 1).all() and (runner.obs_norm.var > 0).all()

@@ -164,7 +164,7 @@ def test_hand_computed_single_env():
 @pytest.fixture(scope="module")
 def rnd_setup():
     config = rnd.Config(rnd_size=16, hidden_size=8, activation="relu")
-    networks = rnd.make_networks(config, num_actions=2)
+    networks = rnd.make_networks(config, num_actions=2, obs_shape=(3,))
 
     @jax.jit
     def init(key):
@@ -348,7 +348,7 @@ def test_one_update_keeps_its_statistics():
 def test_greedy_policy_normalises_with_the_saved_statistics(normalize_obs):
     config = rnd.Config(env_name="CartPole-v1", activation="relu", hidden_size=8, normalize_obs=normalize_obs)
     env = rnd.VecEnv(config.env_name, 5)
-    networks = rnd.make_networks(config, env.num_actions)
+    networks = rnd.make_networks(config, env.num_actions, env.obs_shape)
     actor = jax.jit(networks.actor.init)(jax.random.PRNGKey(1), jnp.zeros((1, 4)))
     mean, var = np.array([0.5, -1.0, 2.0, 0.0]), np.array([0.25, 4.0, 1.0, 1e-2])
     obs_norm = {"mean": jnp.asarray(mean, jnp.float32), "var": jnp.asarray(var, jnp.float32), "count": jnp.float32(9)}

@@ -41,7 +41,7 @@ def short(rnn):
 
 
 def init_params(rnn, config, key=0, obs_dim=2):
-    network = rnn.make_networks(config, 2).actor_critic
+    network = rnn.make_networks(config, 2, (obs_dim,)).actor_critic
     params = network.init(jax.random.PRNGKey(key), jnp.zeros((1, config.hidden_size)), jnp.zeros((1, obs_dim)))
     return network, params
 
@@ -201,7 +201,7 @@ def test_rollout_matches_a_python_loop(rnn, short):
     value and bootstrap value V(final_obs) equal a plain loop that resets the state exactly at
     episode starts and bootstraps from the state after the step (never the reset one)."""
     config, train = short
-    network = rnn.make_networks(config, 2).actor_critic
+    network = rnn.make_networks(config, 2, (2,)).actor_critic
     rollout = jax.jit(train.rollout)
     runner = jax.jit(train.init)(jax.random.PRNGKey(0))
     saw = {"terminated": 0, "truncated": 0}
@@ -295,7 +295,7 @@ def test_no_velocity_wrapper_is_cartpole_with_positions_only(rnn):
 
 
 def test_vec_env_names_and_refusals(rnn):
-    assert ENV in gymnax.registered_envs and rnn.VecEnv(ENV, 3).obs_dim == 2  # registered by validate
+    assert ENV in gymnax.registered_envs and rnn.VecEnv(ENV, 3).obs_shape == (2,)  # registered by validate
     with pytest.raises(rnn.ConfigError, match="--env-name") as error:
         rnn.VecEnv("Nope-v0", 3)
     # The refusal names the bad name and the list to choose from, which holds the partial envs.

@@ -41,7 +41,7 @@ def short(trxl):
 def init_params(trxl, config, key=0, obs_dim=2):
     """Parameters with every weight drawn at random (the zero-initialised relative bias and the small actor
     output too), so that each position and each gate matters."""
-    network = trxl.make_networks(config, 2).actor_critic
+    network = trxl.make_networks(config, 2, (obs_dim,)).actor_critic
     first = (trxl.initial_memory(config, 1), jnp.zeros((1, 1, obs_dim)), jnp.ones((1, 1), bool))
     params = network.init(jax.random.PRNGKey(key), *first)
     leaves, tree = jax.tree.flatten(params)
@@ -260,7 +260,7 @@ def test_rollout_matches_a_python_loop(trxl, short):
     step itself; and the update's replay from the memory the rollout began with gives back every log-prob and value
     that acted (ratio 1 on every sample)."""
     config, train = short
-    network = trxl.make_networks(config, 2).actor_critic
+    network = trxl.make_networks(config, 2, (2,)).actor_critic
     rollout = jax.jit(train.rollout)
     runner = jax.jit(train.init)(jax.random.PRNGKey(0))
     saw = {"terminated": 0, "truncated": 0}

@@ -68,7 +68,7 @@ def test_epsilon_greedy_draws_from_its_key(pqn, config):
     """The acting rule itself, drawn where it is used: with epsilon 0 the greedy action; with epsilon
     e a uniformly random action with probability e (so it differs from the greedy one with probability
     e (A - 1) / A); the same key gives the same actions and other keys other ones."""
-    networks = pqn.make_networks(config, 2)
+    networks = pqn.make_networks(config, 2, (4,))
     params = jax.jit(pqn.make_train(config).init)(jax.random.PRNGKey(0)).params
     obs = jax.random.normal(jax.random.PRNGKey(1), (20_000, 4))
     greedy = np.asarray(jnp.argmax(networks.q.apply(params["q"], obs), -1))

@@ -17,7 +17,7 @@ from conftest import load_algorithm, numpy_mlp
 
 NUM_ACTIONS, OBS_DIM, NUM_ENVS = 3, 4, 3
 V_MIN, V_MAX, ATOMS = -10.0, 10.0, 11  # dz = 2
-THREE_ACTIONS = types.SimpleNamespace(num_actions=NUM_ACTIONS)  # what make_act reads of an env
+THREE_ACTIONS = types.SimpleNamespace(num_actions=NUM_ACTIONS, obs_shape=(OBS_DIM,))  # what make_act reads of an env
 
 
 def bound_td_loss(module, config, network):
@@ -54,7 +54,7 @@ def env_steps(steps, seed=0):
 
 def filled_buffer(rainbow, data, capacity):
     """The steps written as training writes them: one vectorized step's NUM_ENVS transitions at a time."""
-    add, buffer = jax.jit(rainbow.buffer_add), rainbow.buffer_init(capacity, OBS_DIM)
+    add, buffer = jax.jit(rainbow.buffer_add), rainbow.buffer_init(capacity, (OBS_DIM,), jnp.float32)
     for t in range(len(data["reward"])):
         buffer = add(buffer, rainbow.Transition(**{name: value[t] for name, value in data.items()}))
     return buffer
@@ -115,7 +115,7 @@ def prioritized_buffer(rainbow, capacity=64, size=50, seed=0):
     """A buffer of `size` filled slots (of `capacity`) with random priorities."""
     priority = np.zeros(capacity, np.float32)
     priority[:size] = np.random.default_rng(seed).uniform(0.01, 3.0, size)
-    buffer = rainbow.buffer_init(capacity, OBS_DIM)
+    buffer = rainbow.buffer_init(capacity, (OBS_DIM,), jnp.float32)
     return buffer._replace(priority=jnp.asarray(priority), size=jnp.int32(size), position=jnp.int32(size))
 
 
@@ -177,7 +177,7 @@ def test_priority_update_and_new_transitions_at_the_max(rainbow):
 # --------------------------------------------------------------------------------------
 def network_and_params(rainbow, **changes):
     config = rainbow.Config(hidden_size=8, num_layers=2, num_atoms=ATOMS, v_min=V_MIN, v_max=V_MAX, **changes)
-    network = rainbow.make_networks(config, NUM_ACTIONS).q
+    network = rainbow.make_networks(config, NUM_ACTIONS, (OBS_DIM,)).q
     params = jax.device_get(network.init(jax.random.PRNGKey(0), jnp.zeros((1, OBS_DIM))))
     return config, network, params
 

@@ -33,7 +33,7 @@ def transitions(first: int, n: int, dqn):
 def fill(dqn, capacity, batches, n):
     """`batches` adds of n numbered transitions each, through a jitted buffer_add."""
     add = jax.jit(dqn.buffer_add)
-    buffer = dqn.buffer_init(capacity, OBS_DIM)
+    buffer = dqn.buffer_init(capacity, (OBS_DIM,), jnp.float32)
     for b in range(batches):
         buffer = add(buffer, transitions(b * n, n, dqn))
     return jax.device_get(buffer)
@@ -125,7 +125,7 @@ def test_seeds_have_independent_buffers_under_vmap(dqn):
     capacity, n, batch = 20, 3, 6
     add = jax.jit(jax.vmap(dqn.buffer_add))
     sample = jax.jit(jax.vmap(functools.partial(dqn.buffer_sample, batch_size=batch)))
-    buffers = jax.vmap(lambda _: dqn.buffer_init(capacity, OBS_DIM))(jnp.arange(2))
+    buffers = jax.vmap(lambda _: dqn.buffer_init(capacity, (OBS_DIM,), jnp.float32))(jnp.arange(2))
     for b in range(9):  # wraps around
         data = [transitions(b * n, n, dqn), transitions(5000 + b * n, n, dqn)]
         buffers = add(buffers, jax.tree.map(lambda *x: jnp.stack(x), *data))

@@ -43,17 +43,17 @@ def setup():
     truncated at the time limit (not terminated: final_obs is the state the limit cut off) and
     terminated, in turn."""
     config = sac.Config(hidden_size=16, num_layers=2)
-    networks = sac.make_networks(config, 1)
-    obs0, obs_action0 = jnp.zeros((1, 3)), jnp.zeros((1, 4))
-    init_critics = jax.vmap(networks.critic.init, in_axes=(0, None))
+    networks = sac.make_networks(config, 1, (3,))
+    obs0, action0 = jnp.zeros((1, 3)), jnp.zeros((1, 1))
+    init_critics = jax.vmap(networks.critic.init, in_axes=(0, None, None))
     params = jax.device_get(
         {
             "actor": networks.actor.init(jax.random.PRNGKey(0), obs0),
-            "critic": init_critics(jax.random.split(jax.random.PRNGKey(1), 2), obs_action0),
+            "critic": init_critics(jax.random.split(jax.random.PRNGKey(1), 2), obs0, action0),
             "log_alpha": jnp.float32(math.log(0.3)),
         }
     )
-    target = jax.device_get({"critic": init_critics(jax.random.split(jax.random.PRNGKey(2), 2), obs_action0)})
+    target = jax.device_get({"critic": init_critics(jax.random.split(jax.random.PRNGKey(2), 2), obs0, action0)})
     rng = np.random.default_rng(0)
     n = 48
     kind = np.arange(n) % 3  # 0 continuing, 1 truncated, 2 terminated
@@ -281,7 +281,7 @@ def test_gradient_step_is_adam_on_the_loss_then_polyak(setup, tau):
 def test_buffer_sample_draws_filled_slots_uniformly():
     """With replacement, from slots [0, size) only: each of 40 filled slots (of 64) about equally often."""
     capacity, size, batch = 64, 40, 128
-    buffer = sac.buffer_init(capacity, 3, 1)
+    buffer = sac.buffer_init(capacity, (3,), jnp.float32, 1)
     ids = jnp.arange(size, dtype=jnp.float32)
     fields = dict(obs=jnp.repeat(ids[:, None], 3, 1), action=ids[:, None] / size, reward=ids)
     buffer = sac.buffer_add(buffer, sac.Transition(**fields, terminated=ids % 2 == 0, final_obs=fields["obs"] + 1000))

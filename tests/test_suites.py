@@ -59,11 +59,12 @@ def check_episode(steps, before, keys, vec, raw, end: int, how: str) -> None:
     np.testing.assert_array_equal(steps.truncated[:end, 0], expected_truncated)
     assert not (steps.terminated & steps.truncated).any(), "truncated together with a termination"
     assert bool(steps.terminated[end - 1, 0]) == (how == "terminated")
-    # Observations as the suite computes them, up to rounding (the wrapper's are computed in vmapped
-    # code, e.g. Craftax's daylight): the true last observation, before the reset.
-    flat = np.asarray(raw_obs[:end], np.float32).reshape(end, -1)
-    np.testing.assert_allclose(steps.final_obs[:end, 0], flat, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(steps.obs[: end - 1, 0], flat[: end - 1], rtol=1e-5, atol=1e-6)
+    # Observations as the suite computes them, in its shape and dtype, up to rounding (the wrapper's are
+    # computed in vmapped code, e.g. Craftax's daylight): the true last observation, before the reset.
+    own = np.asarray(raw_obs[:end])
+    assert steps.final_obs.shape[2:] == steps.obs.shape[2:] == own.shape[1:] and steps.obs.dtype == own.dtype
+    np.testing.assert_allclose(steps.final_obs[:end, 0], own, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(steps.obs[: end - 1, 0], own[: end - 1], rtol=1e-5, atol=1e-6)
     # The step after the end begins a fresh episode: the env's reserve, at time 0.
     np.testing.assert_array_equal(steps.obs[end - 1, 0], before.obs[end - 1, 0])
     assert not np.array_equal(steps.obs[end - 1, 0], steps.final_obs[end - 1, 0])
@@ -98,7 +99,7 @@ def xminigrid_run():
         # The suite itself from the same start, without any wrapper.
         raw_env, params = __import__("xminigrid").make("MiniGrid-Empty-5x5")
         timestep = raw_env.reset(params, first_key(key))
-        np.testing.assert_array_equal(obs[0], np.asarray(timestep.observation, np.float32).reshape(-1))
+        np.testing.assert_array_equal(obs[0], np.asarray(timestep.observation))
         step = jax.jit(lambda timestep, action: raw_env.step(params, timestep, action))
         raw = ([], [], [])
         for action in actions:

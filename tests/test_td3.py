@@ -35,16 +35,16 @@ def setup():
     """Small networks, target networks of their own, and 48 transitions: continuing, truncated
     (not terminated; final_obs is the cut-off state) and terminated, in turn."""
     config = td3.Config(hidden_size=16)
-    networks = td3.make_networks(config, 1)
-    obs0, obs_action0 = jnp.zeros((1, 3)), jnp.zeros((1, 4))
-    init_critics = jax.vmap(networks.critic.init, in_axes=(0, None))
+    networks = td3.make_networks(config, 1, (3,))
+    obs0, action0 = jnp.zeros((1, 3)), jnp.zeros((1, 1))
+    init_critics = jax.vmap(networks.critic.init, in_axes=(0, None, None))
 
     def params(seed):
         actor_key, critic_key = jax.random.split(jax.random.PRNGKey(seed))
         return jax.device_get(
             {
                 "actor": networks.actor.init(actor_key, obs0),
-                "critic": init_critics(jax.random.split(critic_key, 2), obs_action0),
+                "critic": init_critics(jax.random.split(critic_key, 2), obs0, action0),
             }
         )
 

@@ -68,10 +68,10 @@ def test_vecenv_non_stock_step_env(ppo):
     _, _, steps = rollout(venv, jax.random.PRNGKey(3), actions)
     done = steps.terminated | steps.truncated
     assert done.any()
-    assert steps.obs.shape == steps.final_obs.shape == (num_steps, num_envs, venv.obs_dim)
+    assert steps.obs.shape == steps.final_obs.shape == (num_steps, num_envs, *venv.obs_shape)
     assert steps.obs.dtype == np.float32
     np.testing.assert_array_equal(steps.obs[~done], steps.final_obs[~done])
-    assert (steps.obs[done] != steps.final_obs[done]).any(axis=-1).all()
+    assert (steps.obs[done] != steps.final_obs[done]).reshape(done.sum(), -1).any(-1).all()  # [8, 8] grids
 
 
 def check_auto_reset(venv, state_in, steps, actions):

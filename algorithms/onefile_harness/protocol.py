@@ -17,9 +17,10 @@ the names below, and refuses a file whose HARNESS_PROTOCOL is not this module's 
     validate_hparams(v)  checks a {field: value} dict against the fields' rules (one sweep point)
     VecEnv(env_name, n)  the file's vectorised env: reset(key) -> (obs, state) and
                          step(key, state, action) -> EnvStep(obs, state, reward, terminated,
-                         truncated, final_obs), with num_envs, max_episode_steps, obs_dim, flat(obs),
-                         env and params (the gymnax env). The harness may hand make_train and
-                         make_evaluate another object of this interface: suites.vec_env
+                         truncated, final_obs), observations in the env's own shape and dtype, with
+                         num_envs, max_episode_steps, obs_shape, obs_dtype, env and params (the gymnax
+                         env). The harness may hand make_train and make_evaluate another object of this
+                         interface: suites.vec_env
     make_train(config, env=None)
                          -> train(rng, hparams=None) -> (runner, metrics), the whole run in `env`
                          (default: VecEnv(config.env_name, config.num_envs)), with
@@ -51,7 +52,7 @@ import os
 import types
 from typing import Any, NamedTuple
 
-PROTOCOL = 3
+PROTOCOL = 4  # 4: observations keep their shape (VecEnv.obs_shape, obs_dtype; no obs_dim, flat)
 NAMES = (
     "Config",
     "HParams",

@@ -207,7 +207,7 @@ class Reserved(NamedTuple):
     """A pooled env's state: the envs' own states, and each env's fresh episode in reserve."""
 
     env: Any  # [num_envs] the envs' states
-    obs: jax.Array  # [num_envs, obs_dim] each env's reserve: the first observation it starts next
+    obs: jax.Array  # [num_envs, *obs_shape] each env's reserve: the first observation it starts next
     state: Any  # [num_envs] and its env state
     redrawn: jax.Array  # reserves redrawn so far; the next redraw replaces reserve redrawn % num_envs
 
@@ -233,8 +233,7 @@ class PooledResets:
 
     def _fresh(self, key: jax.Array, count: int):
         reset = jax.vmap(self.vec.env.reset_env, in_axes=(0, None))
-        obs, state = reset(jax.random.split(key, count), self.vec.params)
-        return self.vec.flat(obs), state
+        return reset(jax.random.split(key, count), self.vec.params)
 
     def reset(self, key: jax.Array):
         now_key, ahead_key = jax.random.split(key)
@@ -250,7 +249,7 @@ class PooledResets:
             jax.random.split(step_key, vec.num_envs), state.env, action, vec.params
         )
         truncated = jax.vmap(env.is_truncated, in_axes=(0, None))(stepped, vec.params)
-        done, final_obs = terminated | truncated, vec.flat(obs)
+        done, final_obs = terminated | truncated, obs
         select = jax.vmap(lambda d, new, old: jax.tree.map(lambda n, o: jax.lax.select(d, n, o), new, old))
         # Envs that ended start their reserves; this step's fresh episodes replace the next reserves in turn.
         slots = (state.redrawn + jnp.arange(self.num_resets)) % vec.num_envs

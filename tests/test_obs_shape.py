@@ -1,0 +1,101 @@
+"""Observations keep their shape and dtype: through VecEnv, each file's runner (episodes, rollout
+transitions, replay buffer), its evaluation and `make_act`, on an image env (MinAtar's Breakout: 10x10x4
+channels); a network flattens what it reads, so a vector env reshaped trains exactly as the vector."""
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from specs import SPECS
+
+from conftest import load_algorithm
+
+IMAGE_ENV = "Breakout-MinAtar"
+DISCRETE = [name for name in SPECS if load_algorithm(name).ACTIONS == "discrete"]
+
+
+def test_vecenv_keeps_an_image_observation(ppo):
+    venv, (env, params) = ppo.VecEnv(IMAGE_ENV, 3), gymnax.make(IMAGE_ENV)
+    own = env.reset(jax.random.PRNGKey(0), params)[0]
+    assert venv.obs_shape == own.shape == (10, 10, 4) and venv.obs_dtype == own.dtype
+    obs, state = venv.reset(jax.random.PRNGKey(0))
+    step = venv.step(jax.random.PRNGKey(1), state, jnp.zeros(3, jnp.int32))
+    for x in (obs, step.obs, step.final_obs):
+        assert x.shape == (3, 10, 10, 4) and x.dtype == own.dtype
+
+
+@pytest.mark.parametrize("name", DISCRETE)
+def test_an_image_env_keeps_its_shape_through_the_run(name):
+    """Every observation array a run holds is [..., 10, 10, 4] in the env's dtype (traced only: nothing compiles)."""
+    algo = load_algorithm(name)
+    config = algo.Config(**{**SPECS[name].train_config, "env_name": IMAGE_ENV})
+    train = algo.make_train(config)
+    runner, _ = jax.eval_shape(train, jax.random.PRNGKey(0))
+    found = [
+        leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(runner)
+        if jax.tree_util.keystr(path).endswith(("obs", "obs']", ".obs"))
+    ]
+    assert found, "the runner holds observations"
+    for leaf in found:
+        assert leaf.shape[-3:] == (10, 10, 4) and leaf.dtype == algo.VecEnv(IMAGE_ENV, 1).obs_dtype, leaf
+    params = algo.saved_params(runner)
+    obs = jnp.zeros((10, 10, 4), algo.VecEnv(IMAGE_ENV, 1).obs_dtype)
+    act = algo.make_act(config)
+    memory = getattr(act, "memory", None)
+    args = (params, obs, jax.random.PRNGKey(1)) + ((memory,) if memory is not None else ())
+    action = jax.eval_shape(act, *args)
+    assert (action[0] if memory is not None else action).shape == ()
+    assert jax.eval_shape(algo.make_evaluate(config), params, jax.random.PRNGKey(2)).shape == ()
+
+
+class Reshaped(gymnax.environments.environment.Environment):
+    """CartPole whose observation is its 4 numbers as a [2, 2] array."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner, _ = gymnax.make("CartPole-v1")
+
+    @property
+    def default_params(self):
+        return self.inner.default_params
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = self.inner.step_env(key, state, action, params)
+        return obs.reshape(2, 2), state, reward, done, info
+
+    def reset_env(self, key, params):
+        obs, state = self.inner.reset_env(key, params)
+        return obs.reshape(2, 2), state
+
+    def get_obs(self, state, params=None, key=None):
+        return self.inner.get_obs(state, params, key).reshape(2, 2)
+
+    def is_terminal(self, state, params):
+        return self.inner.is_terminal(state, params)
+
+    def action_space(self, params=None):
+        return self.inner.action_space(params)
+
+    def observation_space(self, params):
+        space = self.inner.observation_space(params)
+        return gymnax.environments.spaces.Box(space.low, space.high, (2, 2), space.dtype)
+
+
+@pytest.mark.parametrize("name", ["ppo", "dqn"])
+def test_a_reshaped_vector_env_trains_exactly_as_the_vector(name):
+    """The network's Torso flattens [2, 2] to the 4 numbers the vector env gives: same run, bit for bit."""
+    if "CartPole-2x2" not in gymnax.registered_envs:
+        gymnax.register("CartPole-2x2", lambda **kwargs: Reshaped())
+    algo = load_algorithm(name)
+    runs = {}
+    for env_name in ("CartPole-v1", "CartPole-2x2"):
+        config = algo.Config(**{**SPECS[name].train_config, "env_name": env_name})
+        runs[env_name] = jax.device_get(jax.jit(algo.make_train(config))(jax.random.PRNGKey(5)))
+    (vector_runner, vector_metrics), (image_runner, image_metrics) = runs.values()
+    assert algo.VecEnv("CartPole-2x2", 1).obs_shape == (2, 2)
+    for key, value in vector_metrics.items():
+        np.testing.assert_array_equal(image_metrics[key], value, err_msg=key)
+    for got, want in zip(jax.tree.leaves(image_runner.params), jax.tree.leaves(vector_runner.params), strict=True):
+        np.testing.assert_array_equal(got, want)
