@@ -68,6 +68,7 @@ class Config:
     activation: Annotated[str, "hidden activation", "activation in ('relu', 'tanh')"] = "relu"
     hidden_size: Annotated[int, "units per hidden layer (64: faster steps than 128)", "0 < hidden_size < 2**31"] = 64
     num_layers: Annotated[int, "hidden layers of the Q-network", "0 < num_layers < 2**31"] = 2
+    network: Annotated[str, "torso: its convolutions (CONVOLUTIONS)", "network in ('mlp', 'cnn', 'nature_cnn')"] = "mlp"
     eval_episodes: Annotated[int, "greedy evaluation episodes per run after training", "eval_episodes > 0"] = 16
     seed: Annotated[int, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]"] = 0
     num_seeds: Annotated[int, "independent runs trained side by side (vmapped)", "0 < num_seeds < 2**31"] = 8
@@ -105,18 +106,60 @@ def validate(config: Config) -> None:
 
 
 # ---- Networks ----
+CONVOLUTIONS = {  # --network: the torso's convolutions, each (features, kernel size, stride), unpadded, ReLU after
+    "mlp": (),  # none: the observation flattened
+    "cnn": ((16, 3, 1),),  # MinAtar's (Young & Tian 2019), for small images
+    "nature_cnn": ((32, 8, 4), (64, 4, 2), (64, 3, 1)),  # Atari's (Mnih et al. 2015), for 84x84 frames
+}
+
+
+class Conv(nn.Module):  # nn.Conv(features, (size, size), stride, padding="VALID"): its parameters and outputs
+    features: int
+    size: int
+    stride: int
+    patches: bool | None = None  # one matmul of the image's patches (None: on CPU, docs/speed-tricks.md)
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [B, H, W, C] -> [B, H', W', features]
+        k, s = self.size, self.stride
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (k, k, x.shape[-1], self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        if not (jax.default_backend() == "cpu" if self.patches is None else self.patches):
+            dims = ("NHWC", "HWIO", "NHWC")
+            return jax.lax.conv_general_dilated(x, kernel, (s, s), "VALID", dimension_numbers=dims) + bias
+        # XLA's CPU convolution is slow inside a lax.scan (jax-ml/jax#12868): each output pixel's patch, its k * k
+        # offsets sliced and joined (row, column, channel: the kernel's own order), times the kernel as a matrix.
+        h, w = (x.shape[1] - k) // s + 1, (x.shape[2] - k) // s + 1
+        offsets = [x[:, i : i + s * (h - 1) + 1 : s, j : j + s * (w - 1) + 1 : s] for i in range(k) for j in range(k)]
+        return jnp.concatenate(offsets, -1) @ kernel.reshape(-1, self.features) + bias
+
+
 class Torso(nn.Module):  # what a network reads first: replace it to read observations another way
-    obs_shape: tuple  # one observation's shape, as the env gives it
+    network: str  # a key of CONVOLUTIONS
+    obs_shape: tuple  # one observation's shape, as the env gives it ([height, width, channels] for an image)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        """Observations [..., *obs_shape] as float32 vectors [..., features]."""
-        return obs.reshape(*obs.shape[: obs.ndim - len(self.obs_shape)], -1).astype(jnp.float32)
+        """Observations [..., *obs_shape] as float32 features [..., F]: convolved, then flattened."""
+        lead, x = obs.shape[: obs.ndim - len(self.obs_shape)], obs.reshape(-1, *self.obs_shape).astype(jnp.float32)
+        for features, size, stride in CONVOLUTIONS[self.network]:
+            x = nn.relu(Conv(features, size, stride)(x))
+        return x.reshape(*lead, -1)
+
+
+def check_network(network: str, obs_shape: tuple) -> None:
+    """Convolutions read images [height, width, channels] no smaller than their kernels."""
+    size = min(obs_shape[:2]) if len(obs_shape) == 3 else 0
+    for _, kernel, stride in CONVOLUTIONS[network]:
+        size = (size - kernel) // stride + 1 if size >= kernel else 0
+    why = f"reads images [height, width, channels] larger than its kernels; this env's are {tuple(obs_shape)}"
+    require(network == "mlp" or size > 0, f"--network {network} {why}")
 
 
 class QNetwork(nn.Module):  # an MLP from an observation (flattened by Torso) to one distribution's logits per action
     num_actions: int
     num_atoms: int
+    network: str
     obs_shape: tuple
     hidden_size: int
     num_layers: int
@@ -124,7 +167,7 @@ class QNetwork(nn.Module):  # an MLP from an observation (flattened by Torso) to
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        act, x = getattr(nn, self.activation), Torso(self.obs_shape)(obs)  # nn.relu or nn.tanh
+        act, x = getattr(nn, self.activation), Torso(self.network, self.obs_shape)(obs)  # nn.relu or nn.tanh
         for _ in range(self.num_layers):
             x = act(nn.Dense(self.hidden_size)(x))
         logits = nn.Dense(self.num_actions * self.num_atoms)(x)
@@ -136,8 +179,9 @@ class Networks(NamedTuple):
 
 
 def make_networks(config: Config, num_actions: int, obs_shape: tuple) -> Networks:
+    check_network(config.network, obs_shape)
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
-    return Networks(q=QNetwork(num_actions, config.num_atoms, obs_shape, **shape))
+    return Networks(q=QNetwork(num_actions, config.num_atoms, config.network, obs_shape, **shape))
 
 
 def q_values(config: Config, network: nn.Module, params, obs: jax.Array) -> jax.Array:
@@ -535,7 +579,7 @@ def load_run(run_dir: str, seed: int = 0, point: int = 0):
         values |= {name[4:]: metrics[name][point, seed, -1] for name in metrics.files if name.startswith("pbt_")}
     saved = json.loads(pathlib.Path(run_dir, "config.json").read_text()) | {k: v.item() for k, v in values.items()}
     params = serialization.msgpack_restore(pathlib.Path(run_dir, "params.msgpack").read_bytes())
-    config = Config(**{field.name: saved[field.name] for field in dataclasses.fields(Config)})
+    config = Config(**{f.name: saved.get(f.name, f.default) for f in dataclasses.fields(Config)})  # new fields: default
     return config, jax.tree.map(lambda x: x[point, seed], params)
 
 

@@ -548,7 +548,7 @@ def load_run(run_dir: str, seed: int = 0, point: int = 0):
         values |= {name[4:]: metrics[name][point, seed, -1] for name in metrics.files if name.startswith("pbt_")}
     saved = json.loads(pathlib.Path(run_dir, "config.json").read_text()) | {k: v.item() for k, v in values.items()}
     params = serialization.msgpack_restore(pathlib.Path(run_dir, "params.msgpack").read_bytes())
-    config = Config(**{field.name: saved[field.name] for field in dataclasses.fields(Config)})
+    config = Config(**{f.name: saved.get(f.name, f.default) for f in dataclasses.fields(Config)})  # new fields: default
     return config, jax.tree.map(lambda x: x[point, seed], params)
 
 

@@ -28,6 +28,10 @@ from common import ROOT, algorithm_path, describe, machine, run_cli, seed_curves
 # (algorithm file, environment, flags beyond the file's defaults). The budget is the file's default
 # unless the flags set one; seeds come from --seeds unless the flags set them. A row is known by its
 # algorithm, environment and variant flags (VARIANT_FLAGS: PPO and DPO side by side, ...).
+PPO_MINATAR = (  # PureJAXRL's MinAtar config (64 envs x 64 steps, 8 minibatches, lr 5e-4, relu), 256 hidden units
+    "--total-timesteps 1000000 --num-envs 64 --num-steps 64 --num-minibatches 8 --lr 5e-4 --activation relu "
+    "--hidden-size 256 --num-seeds 4"
+)
 RUNS = [
     ("ppo", "CartPole-v1", ""),
     ("ppo", "CartPole-v1", "--objective dpo"),
@@ -53,12 +57,12 @@ RUNS = [
     ("iqn", "MountainCar-v0", "--total-timesteps 500000 --num-seeds 4"),
     # Noisy nets explore by their own noise after epsilon's first 10%.
     ("rainbow", "MountainCar-v0", "--total-timesteps 500000 --num-seeds 4"),
-    (
-        "ppo",
-        "Breakout-MinAtar",
-        "--total-timesteps 1000000 --num-envs 64 --num-steps 64 --num-minibatches 8 --lr 5e-4 --activation relu "
-        "--hidden-size 256 --num-seeds 4",
-    ),
+    # The four MinAtar games of gymnax-blines' PPO marks, the MLP and the convolutional torso at equal steps and flags.
+    *[
+        ("ppo", f"{game}-MinAtar", PPO_MINATAR + network)
+        for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders")
+        for network in ("", " --network cnn")
+    ],
     (
         "dqn",
         "Breakout-MinAtar",
@@ -178,7 +182,7 @@ RUNS = [
 
 
 # Flags that make a row a variant of the same algorithm on the same env (shown in its label).
-VARIANT_FLAGS = ("--objective", "--exploration-noise")
+VARIANT_FLAGS = ("--objective", "--exploration-noise", "--network")
 
 
 def row_key(name: str, env: str, flags) -> tuple:

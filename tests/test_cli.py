@@ -474,6 +474,9 @@ def test_bad_inputs_exit_2_with_one_line(algo, module, tmp_path, capsys):
         **algo.bad_inputs,
         "wrong-action-space": (["--env-name", algo.wrong_action_env], "--env-name"),
     }
+    if "network" in {field.name for field in dataclasses.fields(module.Config)}:  # the discrete files' torso
+        cases["convolutions-of-a-vector"] = (["--network", "cnn"], "--network")
+        cases["unknown-network"] = (["--network", "resnet"], "--network")
     for case, (args, option) in cases.items():
         runs_dir = tmp_path / case
         code, out, err = call_main(module, [*args, "--runs-dir", runs_dir], capsys)

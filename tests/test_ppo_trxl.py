@@ -8,6 +8,8 @@ tests/test_train.py and tests/test_cli.py; memory against no memory on CartPole 
 tests/test_learning.py's check for this file. Each compiled program here is built once per module.
 """
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -243,7 +245,7 @@ def test_act_carries_the_memory_it_is_given(trxl):
     config = small_config(trxl)
     network, params = init_params(trxl, config, key=4)
     memory, obs, start = hand_made_window(config)
-    act = trxl.make_act(config)
+    act = trxl.make_act(config, env=types.SimpleNamespace(num_actions=2, obs_shape=obs.shape[2:]))  # the window's
     assert not np.asarray(act.memory.valid).any() and int(act.memory.step) == 0
     _, logits, _ = jax.jit(network.apply)(params, trxl.Memory(*map(jnp.asarray, memory)), obs, start)
     batched, carried = jax.jit(jax.vmap(act, in_axes=(None, 0, 0, 0))), trxl.Memory(*memory)

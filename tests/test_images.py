@@ -1,7 +1,10 @@
-"""Observations keep their shape and dtype: through VecEnv, each file's runner (episodes, rollout
+"""Images: observations keep their shape and dtype through VecEnv, each file's runner (episodes, rollout
 transitions, replay buffer), its evaluation and `make_act`, on an image env (MinAtar's Breakout: 10x10x4
-channels); a network flattens what it reads, so a vector env reshaped trains exactly as the vector."""
+channels); a network reads them through its Torso, which flattens them (a vector env reshaped trains
+exactly as the vector) or convolves them first (--network cnn, nature_cnn: the discrete-action files),
+with convolutions that equal nn.Conv's."""
 
+import flax.linen as nn
 import gymnax
 import jax
 import jax.numpy as jnp
@@ -99,3 +102,30 @@ def test_a_reshaped_vector_env_trains_exactly_as_the_vector(name):
         np.testing.assert_array_equal(image_metrics[key], value, err_msg=key)
     for got, want in zip(jax.tree.leaves(image_runner.params), jax.tree.leaves(vector_runner.params), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("patches", [True, False], ids=["patches", "lax.conv"])
+@pytest.mark.parametrize("features, size, stride, image", [(16, 3, 1, (10, 10, 4)), (32, 8, 4, (84, 84, 4))])
+def test_conv_equals_flax_conv(ppo, patches, features, size, stride, image):
+    """The torso's convolution (a matmul on patches on CPU: docs/speed-tricks.md) equals nn.Conv without
+    padding on the same parameters, and has its parameters' shapes."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, *image))
+    flax_conv = nn.Conv(features, (size, size), (stride, stride), padding="VALID")
+    params = flax_conv.init(jax.random.PRNGKey(1), x)
+    ours = ppo.Conv(features, size, stride, patches=patches)
+    assert jax.tree.map(jnp.shape, ours.init(jax.random.PRNGKey(1), x)) == jax.tree.map(jnp.shape, params)
+    np.testing.assert_allclose(ours.apply(params, x), flax_conv.apply(params, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["ppo", "dqn"])
+def test_a_cnn_run_equals_that_seed_alone(name):
+    """--network cnn on MinAtar's Breakout: a seed in a batch of two equals it alone, and a second run is identical."""
+    algo = load_algorithm(name)
+    config = algo.Config(**{**SPECS[name].train_config, "env_name": IMAGE_ENV, "network": "cnn"})
+    train, keys = algo.make_train(config), jax.random.split(jax.random.PRNGKey(6), 2)
+    alone, again = (jax.device_get(jax.jit(train)(keys[0])) for _ in range(2))
+    batch = jax.device_get(jax.jit(jax.vmap(train))(keys))
+    assert "Conv_0" in str(jax.tree_util.tree_structure(algo.saved_params(alone[0])))
+    for got, want, same in zip(jax.tree.leaves(batch), jax.tree.leaves(alone), jax.tree.leaves(again), strict=True):
+        np.testing.assert_array_equal(same, want)
+        np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
