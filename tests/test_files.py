@@ -106,13 +106,15 @@ SIBLING_BLOCKS = {
 
 # Functions (and classes) siblings share outside a shared block (whose banners would cost ppo.py lines): the same
 # text in each file named, copied from the first by `python tests/test_files.py`.
-DISCRETE_FILES = ["ppo.py", "dqn.py", "c51.py", "qr_dqn.py", "iqn.py", "rainbow.py", "pqn.py", "ppo_rnn.py"]
-DISCRETE_FILES += ["ppo_trxl.py", "ppo_rnd.py"]
+DISCRETE_FILES = sorted(  # ppo.py first: the file the discrete files' torso is copied from
+    (p.name for p in ALGORITHM_FILES if 'ACTIONS = "discrete"' in p.read_text()), key=lambda name: name != "ppo.py"
+)
+CONTINUOUS_FILES = sorted({p.name for p in ALGORITHM_FILES} - set(DISCRETE_FILES), key=lambda name: name != "sac.py")
 SHARED_FUNCTIONS = {
     # What every network reads observations through: in the discrete-action files, optionally convolutions first
     # (--network); the continuous-action files' (sac.py first) flattens only, no image env having such actions.
     **{name: DISCRETE_FILES for name in ("CONVOLUTIONS", "Conv", "Torso", "check_network")},
-    "Torso (flattening only)": ["sac.py", "td3.py", "ppo_continuous.py"],
+    "Torso (flattening only)": CONTINUOUS_FILES,
     "sample_action": ["ppo.py", "ppo_rnd.py", "ppo_rnn.py", "ppo_trxl.py"],
     "compute_gae": ["ppo.py", "ppo_continuous.py", "ppo_rnd.py", "ppo_rnn.py", "ppo_trxl.py"],
     "policy_objective": ["ppo.py", "ppo_continuous.py", "ppo_rnd.py"],
