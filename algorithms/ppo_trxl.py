@@ -205,6 +205,7 @@ class Torso(nn.Module):  # what a network reads first: replace it to read observ
     def __call__(self, obs: jax.Array) -> jax.Array:
         """Observations [..., *obs_shape] as float32 features [..., F]: convolved, then flattened."""
         lead, x = obs.shape[: obs.ndim - len(self.obs_shape)], obs.reshape(-1, *self.obs_shape).astype(jnp.float32)
+        x = x / 255.0 if CONVOLUTIONS[self.network] and obs.dtype == jnp.uint8 else x  # bytes (Atari's) as [0, 1]
         for features, size, stride in CONVOLUTIONS[self.network]:
             x = nn.relu(Conv(features, size, stride)(x))
         return x.reshape(*lead, -1)

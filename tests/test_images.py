@@ -2,7 +2,7 @@
 transitions, replay buffer), its evaluation and `make_act`, on an image env (MinAtar's Breakout: 10x10x4
 channels); a network reads them through its Torso, which flattens them (a vector env reshaped trains
 exactly as the vector) or convolves them first (--network cnn, nature_cnn: the discrete-action files),
-with convolutions that equal nn.Conv's."""
+with convolutions that equal nn.Conv's, reading uint8 images as pixels in [0, 1]."""
 
 import flax.linen as nn
 import gymnax
@@ -115,6 +115,18 @@ def test_conv_equals_flax_conv(ppo, patches, features, size, stride, image):
     ours = ppo.Conv(features, size, stride, patches=patches)
     assert jax.tree.map(jnp.shape, ours.init(jax.random.PRNGKey(1), x)) == jax.tree.map(jnp.shape, params)
     np.testing.assert_allclose(ours.apply(params, x), flax_conv.apply(params, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("network", ["mlp", "cnn"])
+def test_a_torso_reads_bytes_as_pixels_only_when_it_convolves(ppo, network):
+    """uint8 observations (Atari's frames) enter a convolutional torso scaled to [0, 1]; the MLP's torso reads
+    them as numbers (XLand-MiniGrid's grids are tile ids, not brightness)."""
+    image = jax.random.randint(jax.random.PRNGKey(0), (2, 10, 10, 4), 0, 256).astype(jnp.uint8)
+    torso = ppo.Torso(network, (10, 10, 4))
+    params = torso.init(jax.random.PRNGKey(1), image)
+    scale = 255.0 if network == "cnn" else 1.0
+    want = torso.apply(params, image.astype(jnp.float32) / scale)
+    np.testing.assert_allclose(torso.apply(params, image), want, rtol=1e-6, atol=1e-6)
 
 
 def test_a_cnn_run_equals_that_seed_alone():
