@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from conftest import ROOT, command_line_env, load_algorithm
-from onefile_harness import main, protocol
+from onefile_harness import main, protocol, suites
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PLACEHOLDER = re.compile(r"runs/(\w+)-([\w.-]+)-<time>")
@@ -79,8 +79,9 @@ def test_every_documented_command_is_accepted(where, command, finished_run, tmp_
     if "--help" in words:
         return  # the slow test runs it
     suite = re.search(r"--env-name (\w+)/", command)
-    if suite and __import__("importlib").util.find_spec(suite.group(1)) is None:
-        pytest.skip(f"{suite.group(1)} is not installed (requirements-envs.txt)")
+    package = suite and suites.SUITES[suite.group(1)].module  # atari/: envpool
+    if suite and __import__("importlib").util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (requirements-envs.txt)")
     argv = words[2:] + ([] if "--resume" in words or "--eval-only" in words else ["--runs-dir", str(tmp_path)])
     algo = protocol.load(load_algorithm(name))
     job = main.prepare(algo, "", argv, is_host_0=True)

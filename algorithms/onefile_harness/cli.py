@@ -195,7 +195,7 @@ def build_parser(algo: Algorithm, doc: str, defaults: bool = True) -> Parser:
         description=doc.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=f"--env-name takes any id in gymnax.registered_envs, or {suite_help()}; a suite is installed by its "
-        "pip line (all three: pip install -r requirements-envs.txt).",
+        "pip line (all of them: pip install -r requirements-envs.txt).",
         allow_abbrev=False,
     )
     for field in dataclasses.fields(algo.Config):

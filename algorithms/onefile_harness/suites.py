@@ -1,4 +1,5 @@
-"""Environment suites beyond gymnax, registered with gymnax as SUITE/NAME when a run asks for one.
+"""Environment suites beyond gymnax, registered with gymnax as SUITE/NAME when a run asks for one
+(Atari, through envpool's threads rather than XLA, is atari.py's).
 
 Each suite's raw environment (none of its own episode or auto-reset wrappers) becomes a gymnax
 `Environment`: `step_env` reports only the suite's natural termination, the episode's time limit
@@ -37,6 +38,9 @@ SUITES = {
     "brax": Suite("brax", "pip install brax==0.14.2", "continuous", "ant, halfcheetah, hopper, ... in brax.envs"),
     "craftax": Suite("craftax", "pip install craftax==1.6.1", "discrete", "Craftax-Classic-Symbolic-v1, ..."),
     "xminigrid": Suite("xminigrid", "pip install xminigrid==0.9.3", "discrete", "MiniGrid-DoorKey-5x5, ..."),
+    "atari": Suite(
+        "envpool", "pip install envpool==1.2.5", "discrete", "Pong-v5, Breakout-v5, ... (envpool's Atari task ids)"
+    ),
 }
 
 
@@ -58,7 +62,12 @@ def register(env_name: str) -> None:
     suite = SUITES[prefix]
     if importlib.util.find_spec(suite.module) is None:
         raise UsageError(f"--env-name {env_name} needs the {suite.module} package: {suite.install}")
-    env = {"brax": brax_env, "craftax": craftax_env, "xminigrid": xminigrid_env}[prefix](env_name, name)
+    if prefix == "atari":  # envpool's, stepped outside XLA: its own module, imported only here
+        from .atari import atari_env
+
+        env = atari_env(env_name, name)
+    else:
+        env = {"brax": brax_env, "craftax": craftax_env, "xminigrid": xminigrid_env}[prefix](env_name, name)
     gymnax.register(env_name, lambda **kwargs: env)
 
 
