@@ -171,7 +171,8 @@ def algorithm_of(item) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups given here
 def pytest_collection_modifyitems(config, items):
     """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py, its
-    PPO_ONLY tests of the harness alone that run for ppo.py only (CI's time budget).
+    PPO_ONLY tests of the harness alone that run for ppo.py only, its SKIP_BUILT_FROM tests that skip
+    the files of BUILT_FROM (CI's time budget).
     Under pytest-xdist (`--dist loadgroup`, pytest.ini) the tests of one algorithm run in one
     worker, so each small program is compiled once (the _SHARED cache is per process)."""
     mark_slow_and_group(items)
@@ -198,6 +199,9 @@ def mark_slow_and_group(items) -> None:
             item.add_marker(
                 pytest.mark.skip(reason="the harness's behaviour, the same text in every file: tested on ppo.py")
             )
+        if item.originalname in getattr(item.module, "SKIP_BUILT_FROM", ()) and algorithm in BUILT_FROM:
+            reason = f"the harness's handling of any Runner and HParams: tested on {BUILT_FROM[algorithm]}.py"
+            item.add_marker(pytest.mark.skip(reason=reason))
         if algorithm is not None:
             # The command-line and sharding tests share subprocess runs, not in-process programs: groups of their own.
             prefix = {"test_cli": "cli-", "test_sharding": "sharding-"}.get(item.module.__name__, "")

@@ -26,6 +26,9 @@ from onefile_harness import pbt, stats
 # A population run of every file, and resuming one, compile programs of their own: ppo.py's run in
 # the fast loop, the others with the slow tests (conftest reads this).
 SLOW_EXCEPT_PPO = {"test_every_file_trains_a_population", "test_a_resumed_population_equals_the_one_that_never_stopped"}
+# PBT copies whole Runners and rewrites HParams, whatever they hold: a file made from another (conftest.BUILT_FROM,
+# e.g. rainbow.py from c51.py) is left to that one's population run (each costs 15-30 s of compile in CI).
+SKIP_BUILT_FROM = SLOW_EXCEPT_PPO
 
 
 def settings(
