@@ -181,6 +181,7 @@ def test_lost_envs_start_a_new_game_as_a_truncation(pong, batch_run):
 
 
 @needs_envpool
+@pytest.mark.slow  # about 15 s each (a pool per run, the Nature CNN on CPU): CI runs them, the fast loop does not
 @pytest.mark.parametrize(
     ("name", "flags"),
     [
