@@ -213,10 +213,16 @@ def test_an_unknown_game_exits_2(capsys, tmp_path):
 
 
 def test_a_missing_envpool_exits_2_with_the_pip_line(monkeypatch, capsys, tmp_path):
+    import gymnax
+
     find_spec = suites.importlib.util.find_spec
     monkeypatch.setattr(
         suites.importlib.util, "find_spec", lambda name, *a: None if name == "envpool" else find_spec(name, *a)
     )
-    code, out, err = run_main(load_algorithm("ppo"), ["--env-name", "atari/Pong-v5", "--runs-dir", tmp_path], capsys)
+    # As in a process where no atari/ env was registered yet (another test of this worker may have registered one).
+    monkeypatch.setattr(gymnax, "registered_envs", [n for n in gymnax.registered_envs if not n.startswith("atari/")])
+    small = ["--total-timesteps", "256", "--num-envs", "2", "--num-steps", "32", "--num-seeds", "1"]  # if not refused
+    argv = ["--env-name", "atari/Pong-v5", *small, "--runs-dir", tmp_path]
+    code, out, err = run_main(load_algorithm("ppo"), argv, capsys)
     assert code == 2 and out == "" and not list(tmp_path.iterdir())
     assert err.strip().endswith("needs the envpool package: pip install envpool==1.2.5") and err.count("\n") == 1
