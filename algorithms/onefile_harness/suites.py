@@ -62,12 +62,8 @@ def register(env_name: str) -> None:
     suite = SUITES[prefix]
     if importlib.util.find_spec(suite.module) is None:
         raise UsageError(f"--env-name {env_name} needs the {suite.module} package: {suite.install}")
-    if prefix == "atari":  # envpool's, stepped outside XLA: its own module, imported only here
-        from .atari import atari_env
-
-        env = atari_env(env_name, name)
-    else:
-        env = {"brax": brax_env, "craftax": craftax_env, "xminigrid": xminigrid_env}[prefix](env_name, name)
+    env = {"brax": brax_env, "craftax": craftax_env, "xminigrid": xminigrid_env, "atari": atari_env}[prefix]
+    env = env(env_name, name)
     gymnax.register(env_name, lambda **kwargs: env)
 
 
@@ -210,6 +206,13 @@ def xminigrid_env(env_name: str, name: str):
     return suite_env(
         env_name, start, transition, (action_space, observation_space), params.max_steps, envs_per_reset=32
     )
+
+
+def atari_env(env_name: str, name: str):
+    """envpool's games, stepped outside XLA: their own module (atari.py), imported only when asked for."""
+    from .atari import atari_env
+
+    return atari_env(env_name, name)
 
 
 class Reserved(NamedTuple):
