@@ -29,6 +29,12 @@ SLOW_EXCEPT_PPO = {"test_every_file_trains_a_population", "test_a_resumed_popula
 # PBT copies whole Runners and rewrites HParams, whatever they hold: a file made from another (conftest.BUILT_FROM,
 # e.g. rainbow.py from c51.py) is left to that one's population run (each costs 15-30 s of compile in CI).
 SKIP_BUILT_FROM = SLOW_EXCEPT_PPO
+# The harness's own checks and its resume of a population, the same for any file: on ppo.py, and dqn.py for a replay
+# buffer (skipped at collection, so no other file's population run is made for them).
+ONLY_FOR = {
+    "test_a_resumed_population_equals_the_one_that_never_stopped": ("ppo", "dqn"),
+    "test_resume_and_eval_only_refuse_pbt_options": ("ppo",),
+}
 
 
 def settings(
@@ -314,8 +320,6 @@ def test_with_nothing_replaced_pbt_equals_the_plain_run(tmp_path, capsys):
 
 
 def test_a_resumed_population_equals_the_one_that_never_stopped(name, population_run, tmp_path, capsys, monkeypatch):
-    if name not in ("ppo", "dqn"):  # ppo.py and a replay buffer (dqn.py): the harness's code is the same for all
-        pytest.skip("resume of a population: tested on ppo.py and dqn.py")
     module = load_algorithm(name)
     with monkeypatch.context() as patch:
         interrupt_at_chunk(patch, 3)
@@ -334,8 +338,6 @@ def test_a_resumed_population_equals_the_one_that_never_stopped(name, population
 
 @pytest.mark.parametrize("argv", [["--resume", "--pbt-interval=4"], ["--eval-only", "--pbt"]])
 def test_resume_and_eval_only_refuse_pbt_options(name, population_run, argv, capsys):
-    if name != "ppo":
-        pytest.skip("the harness's checks: tested on ppo.py")
     code, out, err = run_main(load_algorithm("ppo"), [argv[0], population_run, *argv[1:]], capsys)
     assert (
         code == 2
