@@ -171,9 +171,9 @@ def algorithm_of(item) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups given here
 def pytest_collection_modifyitems(config, items):
     """A test module's SLOW_EXCEPT_PPO names tests that are `slow` for every file but ppo.py, its
-    PPO_ONLY tests of the harness alone that run for ppo.py only, its ONLY_FOR tests that run for the
-    files named only, its SKIP_BUILT_FROM tests that skip the files of BUILT_FROM (CI's time budget). A
-    test skipped here asks for no fixture: a module fixture (a run) is not made for it.
+    ONLY_FOR tests (of the harness's behaviour, the same for any file) that run for the files named
+    only, its SKIP_BUILT_FROM tests that skip the files of BUILT_FROM (CI's time budget). A test
+    skipped here asks for no fixture: a module fixture (a run) is not made for it.
     Under pytest-xdist (`--dist loadgroup`, pytest.ini) the tests of one algorithm run in one
     worker, so each small program is compiled once (the _SHARED cache is per process)."""
     mark_slow_and_group(items)
@@ -190,16 +190,11 @@ SHARED_TEST_MODULES = ("test_train", "test_cli")
 def mark_slow_and_group(items) -> None:
     for item in items:
         slow_except_ppo = getattr(item.module, "SLOW_EXCEPT_PPO", ())
-        ppo_only = getattr(item.module, "PPO_ONLY", ())
         algorithm = algorithm_of(item)
         if item.originalname in slow_except_ppo and algorithm != "ppo":
             item.add_marker(pytest.mark.slow)
         if algorithm in BUILT_FROM and item.module.__name__ in SHARED_TEST_MODULES:
             item.add_marker(pytest.mark.slow)
-        if item.originalname in ppo_only and algorithm != "ppo":
-            item.add_marker(
-                pytest.mark.skip(reason="the harness's behaviour, the same text in every file: tested on ppo.py")
-            )
         only_for = getattr(item.module, "ONLY_FOR", {}).get(item.originalname)
         if only_for and algorithm not in only_for:
             files = ", ".join(f"{name}.py" for name in only_for)

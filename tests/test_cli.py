@@ -39,13 +39,16 @@ SLOW_EXCEPT_PPO = {
 }
 # What only the harness does (a second run's directory, a sweep's files), identical in every file.
 # The hand-over to the harness (`__main__`) and a file's own command line (`main`, which refuses
-# the harness's options) are the same text in every file (tests/test_files.py).
-PPO_ONLY = {
-    "test_second_run_gets_a_new_directory",
-    "test_sweep_has_a_leading_sweep_axis",
-    "test_bad_input_from_the_command_line",
-    "test_copied_script_refuses_the_harness_options",
-}
+# the harness's options) are the same text in every file (tests/test_files.py): on ppo.py only (conftest reads this).
+ONLY_FOR = dict.fromkeys(
+    (
+        "test_second_run_gets_a_new_directory",
+        "test_sweep_has_a_leading_sweep_axis",
+        "test_bad_input_from_the_command_line",
+        "test_copied_script_refuses_the_harness_options",
+    ),
+    ("ppo",),
+)
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
 ALONE_FILES = {"config.json", "metrics.npz", "params.msgpack", "summary.json"}  # a file run alone writes these
 SUMMARY_KEYS = {

@@ -6,11 +6,13 @@ Each run is the file's command line (the run harness) called in this process, wi
 of tests/test_cli.py; Ctrl-C is a real SIGINT sent to this process from inside training.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
 import pathlib
 import signal
+import types
 
 import jax
 import numpy as np
@@ -21,7 +23,7 @@ from test_cli import _leaves
 
 from conftest import ROOT, command_line, load_algorithm, run_main
 from conftest import run_dir_of as results_dir
-from onefile_harness import checkpoints, chunks, protocol, rundir
+from onefile_harness import checkpoints, chunks, plan, protocol, rundir
 
 # Every file's resume test compiles its own programs: ppo.py's runs in the fast loop, the others
 # with the slow tests (conftest reads this).
@@ -88,20 +90,23 @@ def test_stopped_and_resumed_run_equals_the_run_that_never_stopped(name, tmp_pat
     assert np.all(np.diff(metrics["wall_seconds"]) >= 0)
 
 
-def test_every_runner_field_goes_through_a_checkpoint_unchanged(name, train, keys):
-    """Every file's Runner (its seeds' runners side by side, as the harness checkpoints them) goes through the
-    checkpoint's keys and msgpack as save_checkpoint and restore_runner move it: every leaf, its dtype, shape and
-    values unchanged (a new field of a dtype msgpack would not carry, say, fails here)."""
-    runner = jax.device_get(jax.jit(jax.vmap(train.init))(keys[:2]))
-    leaves = {
-        jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(runner)
-    }
-    restored = serialization.msgpack_restore(serialization.msgpack_serialize({"runner": leaves}))["runner"]
-    assert restored.keys() == leaves.keys()
-    for key, leaf in leaves.items():
-        value = np.asarray(restored[key])
-        assert (value.dtype, value.shape) == (leaf.dtype, leaf.shape), key
-        np.testing.assert_array_equal(value, leaf, err_msg=key)
+def test_every_runner_field_goes_through_a_checkpoint_unchanged(name, config, train, tmp_path):
+    """Every file's runners (two seeds, as the harness makes them) saved by save_checkpoint, read back by
+    load_checkpoint and put by restore_runner into runners made from other keys: every leaf, its dtype, shape and
+    values as saved (a new Runner field of a dtype the checkpoint would not carry, say, fails here)."""
+    algo, config = protocol.load(load_algorithm(name)), dataclasses.replace(config, num_seeds=2)
+    runs = plan.plan_runs(algo, config, [{}])
+    runner = chunks.initial_runners(train, runs)
+    job = types.SimpleNamespace(algo=algo, run_dir=str(tmp_path), args=types.SimpleNamespace(checkpoint=True))
+    job.args.checkpoint_buffer = True
+    assert checkpoints.save_checkpoint(job, runs, runner, chunks.TrainingLog()) > 0
+    others = runs._replace(keys=runs.keys[::-1].copy())
+    fresh = chunks.initial_runners(train, others)
+    restored = checkpoints.restore_runner(fresh, checkpoints.load_checkpoint(algo, str(tmp_path), config), runs)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(restored), jax.tree.leaves(runner), strict=True):
+        got, want = np.asarray(got), np.asarray(want)
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), jax.tree_util.keystr(path)
+        np.testing.assert_array_equal(got, want, err_msg=jax.tree_util.keystr(path))
 
 
 def snapshot(directory: pathlib.Path) -> dict:
