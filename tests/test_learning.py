@@ -6,8 +6,9 @@ tests' (conftest.TEST_XLA_FLAGS): its seeds spread over the host's XLA devices a
 spreads them (on this 2-core CPU, dqn.py's test took 29% less CPU time than on one device).
 tests/test_train.py and tests/test_sharding.py show the command line trains as `train` does.
 Each file's target and extra checks are in its spec (tests/specs/<name>.py). Each test runs the default command with
-`--num-seeds 4` (LEARNING_SEEDS, half the default's 8: CI's budget); the seed counts over 24 seeds
-are benchmarks/bench_seeds.py's (benchmarks/results/seeds_cpu.md)."""
+`--num-seeds 4` (LEARNING_SEEDS, half the default's 8: CI's budget), and where the default's steps would take most of
+CI's budget (the DQN family's), the spec's learning_flags shorten it and its target is what the shorter run reaches;
+the default's own seed counts over 24 seeds are benchmarks/bench_seeds.py's (benchmarks/results/seeds_cpu.md)."""
 
 import dataclasses
 import subprocess
@@ -42,15 +43,18 @@ def command_line_run(module, flags, runs_dir, own_process=True) -> tuple[dict, n
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", SPECIFIED)
 def test_default_config_learns_across_seeds(name, tmp_path):
-    """The default Config's seeds (LEARNING_SEEDS of them) end at its spec's target (tests/specs/<name>.py), on the
-    spec's env: at least `reach` of them (the greedy policies too, where the spec says), with the spec's
-    learning_checks."""
+    """The default Config's seeds (LEARNING_SEEDS of them; run for fewer steps where the spec's learning_flags say)
+    end at its spec's target (tests/specs/<name>.py), on the spec's env: at least `reach` of them (the greedy
+    policies too, where the spec says), with the spec's learning_checks."""
     module, spec = load_algorithm(name), SPECS[name]
     target, extra_checks = spec.target, spec.learning_checks
     assert module.Config().env_name == spec.env
     assert module.Config().num_seeds >= 8, "the default must train several seeds side by side"
-    config = dataclasses.replace(module.Config(), num_seeds=LEARNING_SEEDS)
-    metrics, greedy = command_line_run(module, ["--num-seeds", LEARNING_SEEDS], tmp_path / "runs")
+    flags = [*spec.learning_flags, "--num-seeds", LEARNING_SEEDS]
+    default, pairs = module.Config(), dict(zip(flags[::2], flags[1::2], strict=True))
+    changes = {name.lstrip("-").replace("-", "_"): value for name, value in pairs.items()}
+    config = dataclasses.replace(default, **{name: type(getattr(default, name))(v) for name, v in changes.items()})
+    metrics, greedy = command_line_run(module, flags, tmp_path / "runs")
 
     assert metrics["finite"].all()
     assert metrics["episode_return"].shape == (config.num_seeds, config.num_updates)
