@@ -6,9 +6,10 @@ tests' (conftest.TEST_XLA_FLAGS): its seeds spread over the host's XLA devices a
 spreads them (on this 2-core CPU, dqn.py's test took 29% less CPU time than on one device).
 tests/test_train.py and tests/test_sharding.py show the command line trains as `train` does.
 Each file's target and extra checks are in its spec (tests/specs/<name>.py). Each test runs the default command with
-`--num-seeds 4` (LEARNING_SEEDS, half the default's 8: CI's budget), and where the default's steps would take most of
-CI's budget (the DQN family's), the spec's learning_flags shorten it and its target is what the shorter run reaches;
-the default's own seed counts over 24 seeds are benchmarks/bench_seeds.py's (benchmarks/results/seeds_cpu.md)."""
+`--num-seeds 4` (LEARNING_SEEDS, half the default's 8: CI's budget), and where the default's steps would take much of
+CI's budget (the DQN family's, ppo_trxl.py's), the spec's learning_flags shorten it and its target is what the
+shorter run reaches; the default's own seed counts over 24 seeds are benchmarks/bench_seeds.py's
+(benchmarks/results/seeds_cpu.md)."""
 
 import dataclasses
 import subprocess

@@ -26,9 +26,13 @@ SPEC = Spec(
         "heads-do-not-divide-width": (["--num-heads", "3"], "--num-heads"),
         "unknown-positional-encoding": (["--positional-encoding", "rope"], "--positional-encoding"),
     },
-    # MemoryChain-bsuite-30: +1 for choosing the bit shown 30 steps before, -1 otherwise (0 by chance).
-    target=0.9,
-    reach=3,  # 23 of 24 seeds reached it here, their greedy policies 24 (benchmarks/results/seeds_cpu.md)
+    # MemoryChain-bsuite-30: +1 for choosing the bit shown 30 steps before, -1 otherwise (0 by chance). The default
+    # reached 0.9 on 23 of 24 seeds, their greedy policies on 24 (benchmarks/results/seeds_cpu.md); the test runs half
+    # its steps (CI's budget), where 16 seeds here ended at 0.64 to 1.0, every greedy policy at 1.0 (docs/results.md):
+    # above 0.5, which ppo.py's memoryless MLP stays below (learning_checks).
+    learning_flags=cli_flags(total_timesteps=150_000),
+    target=0.5,
+    reach=3,
     greedy_target=0.9,
     learning_checks=ppo_rnn.memoryless_ppo_stays_below(0.5),  # a guess at the end scores 0 on average
     built_from="ppo_rnn",
