@@ -39,6 +39,12 @@ def algorithm_commands() -> list[tuple[str, str]]:
     ]
 
 
+def test_the_readme_is_a_short_read():
+    """At most 150 lines and 1,500 words (`wc -w`): results and caveats beyond its one table live in docs/results.md."""
+    text = DOCS[0].read_text()
+    assert len(text.splitlines()) <= 150 and len(text.split()) <= 1500, (len(text.splitlines()), len(text.split()))
+
+
 def test_the_docs_document_commands():
     commands = algorithm_commands()
     assert len(commands) >= 12 and any("--resume" in command for _, command in commands)
