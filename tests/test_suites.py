@@ -313,12 +313,15 @@ def test_a_wrong_suite_or_name_exits_2(name, env_name, message, capsys, tmp_path
 # --------------------------------------------------------------------------------------
 # Every file's command line on every suite of its action kind
 # --------------------------------------------------------------------------------------
-# suite: (file, env, flags of the README's results row, the final training return every seed must
-# reach, and whether its greedy evaluation must reach it too). Each is also that file's command-line
-# test on the suite. Craftax's greedy (argmax) policy gets stuck where its sampled one does not, as
-# in the suite's own baselines, which report sampled returns: only training returns count there.
+# suite: (file, env, flags, the final training return every seed must reach, and whether its greedy evaluation
+# must reach it too). Each is also that file's command-line test on the suite. The flags are those of the suite's
+# row in docs/results.md, xminigrid's and craftax's at half its steps or less (CI's budget), where every seed measured
+# here reached the target: xminigrid's 8 at 250k all 1.0, craftax's 4 (two seed sets) at 98k 2.90 to 3.8 (brax's 4
+# at 150k ended at 1000, 1000, 1000 and 234.5 in this test: its row's 300k stay).
+# Craftax's greedy (argmax) policy gets stuck where its sampled one does not, as in the suite's own baselines,
+# which report sampled returns: only training returns count there.
 LEARNING = {
-    "xminigrid": ("ppo", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 500000 --ent-coef 0.03", 0.9, True),
+    "xminigrid": ("ppo", "xminigrid/MiniGrid-DoorKey-5x5", "--total-timesteps 249856 --ent-coef 0.03", 0.9, True),
     "brax": (
         "ppo_continuous",
         "brax/inverted_pendulum",
@@ -330,7 +333,7 @@ LEARNING = {
     "craftax": (
         "ppo",
         "craftax/Craftax-Classic-Symbolic-v1",
-        "--total-timesteps 150000 --num-envs 64 --num-steps 64 --num-minibatches 8 --hidden-size 256 --lr 5e-4 "
+        "--total-timesteps 98304 --num-envs 64 --num-steps 64 --num-minibatches 8 --hidden-size 256 --lr 5e-4 "
         "--num-seeds 2",
         2.5,
         False,
@@ -411,7 +414,7 @@ def test_the_documented_example_of_adding_a_suite_trains(root, monkeypatch):
 
 
 # --------------------------------------------------------------------------------------
-# Learning: each suite's cheapest task, from the command line, at the README's flags
+# Learning: each suite's cheapest task, from the command line, at a CI budget
 # --------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.timeout(900)
