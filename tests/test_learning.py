@@ -11,7 +11,6 @@ CI's budget (the DQN family's, ppo_trxl.py's), the spec's learning_flags shorten
 shorter run reaches; the default's own seed counts over 24 seeds are benchmarks/bench_seeds.py's
 (benchmarks/results/seeds_cpu.md)."""
 
-import dataclasses
 import subprocess
 import sys
 
@@ -52,10 +51,9 @@ def test_default_config_learns_across_seeds(name, tmp_path):
     assert module.Config().env_name == spec.env
     assert module.Config().num_seeds >= 8, "the default must train several seeds side by side"
     flags = [*spec.learning_flags, "--num-seeds", LEARNING_SEEDS]
-    default, pairs = module.Config(), dict(zip(flags[::2], flags[1::2], strict=True))
-    changes = {name.lstrip("-").replace("-", "_"): value for name, value in pairs.items()}
-    config = dataclasses.replace(default, **{name: type(getattr(default, name))(v) for name, v in changes.items()})
     metrics, greedy = command_line_run(module, flags, tmp_path / "runs")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    config, _ = module.load_run(run_dir)  # the Config the command line trained, from its config.json
 
     assert metrics["finite"].all()
     assert metrics["episode_return"].shape == (config.num_seeds, config.num_updates)
