@@ -23,7 +23,7 @@ import pytest
 from flax import serialization
 from specs import SMALL_SEEDS, SPECS, Spec
 
-from conftest import ROOT, SPECIFIED, USER_SET_CPU_DEVICES, command_line, load_algorithm, run_dir_of
+from conftest import BUILT_FROM, ROOT, SPECIFIED, USER_SET_CPU_DEVICES, command_line, load_algorithm, run_dir_of
 from onefile_harness import rundir, stats, xla
 
 # Every file shares the run harness (tests/test_harness.py), so these command-line tests run on
@@ -49,6 +49,9 @@ ONLY_FOR = dict.fromkeys(
     ),
     ("ppo",),
 )
+# The harness runs any file's train, Runner and HParams alike: a file made from another (conftest.BUILT_FROM) leaves
+# its harness run to that file's (a subprocess of about 13 s in CI) and keeps its copied-alone run.
+SKIP_BUILT_FROM = {"test_small_run_writes_a_complete_run_directory"}
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
 ALONE_FILES = {"config.json", "metrics.npz", "params.msgpack", "summary.json"}  # a file run alone writes these
 SUMMARY_KEYS = {
@@ -347,11 +350,14 @@ def act_loop(module, config, params, rng: jax.Array) -> np.ndarray:
     return returns
 
 
-def test_load_run_and_make_act_act_as_the_evaluation(name, algo, module, small_run, copied_script_run):
+def test_load_run_and_make_act_act_as_the_evaluation(name, algo, module, copied_script_run, request):
     """After training, through the harness and copied alone: load_run gives each seed's Config and parameters,
     and make_act's act, looped over fresh envs one observation at a time, scores the greedy return the run
-    holds; with greedy=False it acts within the action space."""
-    for run_dir, lr in ((small_run[2], module.Config().lr), (results_dir(*copied_script_run), SWEEP_LRS[1])):
+    holds; with greedy=False it acts within the action space. (A file of BUILT_FROM: its copied run only.)"""
+    runs = [(results_dir(*copied_script_run), SWEEP_LRS[1])]
+    if name not in BUILT_FROM:
+        runs.insert(0, (request.getfixturevalue("small_run")[2], module.Config().lr))
+    for run_dir, lr in runs:
         eval_return = np.load(run_dir / "metrics.npz")["eval_return"]
         saved = serialization.msgpack_restore((run_dir / "params.msgpack").read_bytes())
         for seed in range(SMALL_SEEDS):
