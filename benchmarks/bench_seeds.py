@@ -156,6 +156,17 @@ def markdown(table: dict, where: str) -> list:
     return lines
 
 
+def notes_below_the_table(path: str) -> list:
+    """The lines written below the table of an existing seeds_<backend>.md (notes on its rows): kept when a new
+    record rewrites the table."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as file:
+        lines = file.read().splitlines()
+    rows = [index for index, line in enumerate(lines) if line.startswith("|")]
+    return lines[rows[-1] + 1 :] if rows else []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", default=[], help="a file's default row (repeatable)")
@@ -184,7 +195,7 @@ def main() -> None:
         with open(jsonl) as file:
             records = [json.loads(line) for line in file]
         same = [r for r in records if r.get("machine", {}).get("device") == where["device"]]
-        write_markdown(md, markdown(counts(same), describe(where)))
+        write_markdown(md, markdown(counts(same), describe(where)) + notes_below_the_table(md))
 
     run_rows(rows, [int(s) for s in args.seed_sets.split(",")], args.num_seeds, args.jobs, args.timeout, record)
 
