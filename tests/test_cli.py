@@ -23,7 +23,7 @@ import pytest
 from flax import serialization
 from specs import SMALL_SEEDS, SPECS, Spec
 
-from conftest import BUILT_FROM, ROOT, SPECIFIED, USER_SET_CPU_DEVICES, command_line, load_algorithm, run_dir_of
+from conftest import ROOT, SPECIFIED, USER_SET_CPU_DEVICES, command_line, load_algorithm, run_dir_of
 from onefile_harness import rundir, stats, xla
 
 # Every file shares the run harness (tests/test_harness.py), so these command-line tests run on
@@ -35,6 +35,7 @@ SLOW_EXCEPT_PPO = {
     "test_diverging_run_exits_3_and_still_writes_results",
     "test_copied_script_runs_on_its_own",
     "test_load_run_and_make_act_act_as_the_evaluation",
+    "test_load_run_and_make_act_act_as_the_harness_run_evaluation",
     "test_copied_script_refuses_the_harness_options",
 }
 # What only the harness does (a second run's directory, a sweep's files), identical in every file.
@@ -50,8 +51,11 @@ ONLY_FOR = dict.fromkeys(
     ("ppo",),
 )
 # The harness runs any file's train, Runner and HParams alike: a file made from another (conftest.BUILT_FROM) leaves
-# its harness run to that file's (a subprocess of about 13 s in CI) and keeps its copied-alone run.
-SKIP_BUILT_FROM = {"test_small_run_writes_a_complete_run_directory"}
+# its harness runs to that file's (a subprocess of about 13 s in CI) and keeps its copied-alone run.
+SKIP_BUILT_FROM = {
+    "test_small_run_writes_a_complete_run_directory",
+    "test_load_run_and_make_act_act_as_the_harness_run_evaluation",
+}
 RUN_FILES = {"config.json", "summary.json", "metrics.npz", "params.msgpack", "learning_curve.png"}
 ALONE_FILES = {"config.json", "metrics.npz", "params.msgpack", "summary.json"}  # a file run alone writes these
 SUMMARY_KEYS = {
@@ -350,24 +354,26 @@ def act_loop(module, config, params, rng: jax.Array) -> np.ndarray:
     return returns
 
 
-def test_load_run_and_make_act_act_as_the_evaluation(name, algo, module, copied_script_run, request):
-    """After training, through the harness and copied alone: load_run gives each seed's Config and parameters,
-    and make_act's act, looped over fresh envs one observation at a time, scores the greedy return the run
-    holds; with greedy=False it acts within the action space. (A file of BUILT_FROM: its copied run only.)"""
-    runs = [(results_dir(*copied_script_run), SWEEP_LRS[1])]
-    if name not in BUILT_FROM:
-        runs.insert(0, (request.getfixturevalue("small_run")[2], module.Config().lr))
-    for run_dir, lr in runs:
-        eval_return = np.load(run_dir / "metrics.npz")["eval_return"]
-        saved = serialization.msgpack_restore((run_dir / "params.msgpack").read_bytes())
-        for seed in range(SMALL_SEEDS):
-            config, params = module.load_run(run_dir, seed=seed)
-            assert config.env_name == algo.env and config.lr == lr and config.num_seeds == SMALL_SEEDS
-            for (path, got), (_, want) in zip(_leaves(params), _leaves(saved), strict=True):
-                np.testing.assert_array_equal(got, want[0, seed], err_msg=path)
-            rng = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)[seed]
-            returns = act_loop(module, config, params, rng)
-            np.testing.assert_allclose(returns.mean(), eval_return[0, seed], rtol=1e-6)
+def check_load_run_and_make_act(module, algo, run_dir, lr):
+    """load_run gives each seed's Config and parameters of `run_dir`, and make_act's act, looped over fresh envs one
+    observation at a time, scores the greedy return the run holds: (config, params) of its last seed."""
+    eval_return = np.load(run_dir / "metrics.npz")["eval_return"]
+    saved = serialization.msgpack_restore((run_dir / "params.msgpack").read_bytes())
+    for seed in range(SMALL_SEEDS):
+        config, params = module.load_run(run_dir, seed=seed)
+        assert config.env_name == algo.env and config.lr == lr and config.num_seeds == SMALL_SEEDS
+        for (path, got), (_, want) in zip(_leaves(params), _leaves(saved), strict=True):
+            np.testing.assert_array_equal(got, want[0, seed], err_msg=path)
+        rng = jax.random.split(jax.random.PRNGKey(config.seed + 1), config.num_seeds)[seed]
+        returns = act_loop(module, config, params, rng)
+        np.testing.assert_allclose(returns.mean(), eval_return[0, seed], rtol=1e-6)
+    return config, params
+
+
+def test_load_run_and_make_act_act_as_the_evaluation(algo, module, copied_script_run):
+    """After training copied alone: load_run and make_act's greedy act score the run's greedy return; with
+    greedy=False it acts within the action space."""
+    config, params = check_load_run_and_make_act(module, algo, results_dir(*copied_script_run), SWEEP_LRS[1])
     sample = module.make_act(config, greedy=False)
     vec_env = module.VecEnv(config.env_name, 1)
     obs, _ = vec_env.env.reset(jax.random.PRNGKey(0), vec_env.params)
@@ -375,6 +381,11 @@ def test_load_run_and_make_act_act_as_the_evaluation(name, algo, module, copied_
     for key in jax.random.split(jax.random.PRNGKey(1), 8):
         action = sample(params, obs, key) if memory is None else sample(params, obs, key, memory)[0]
         assert bool(space.contains(action)), action
+
+
+def test_load_run_and_make_act_act_as_the_harness_run_evaluation(algo, module, small_run):
+    """The same of a run through the harness, whose run directory is the harness's own."""
+    check_load_run_and_make_act(module, algo, small_run[2], module.Config().lr)
 
 
 def test_copied_script_runs_on_its_own(name, algo, module, copied_script_run):
