@@ -19,6 +19,7 @@ from onefile_harness.chunks import chunk_updates
 SLOW_EXCEPT_PPO = {
     "test_sweep_point_equals_run_with_that_config",
     "test_every_sweepable_field_is_read_from_the_run_hyperparameters",
+    "test_a_diverging_point_is_reported_not_finite",
     "test_chunked_run_matches_train",
 }
 # The harness's chunks call any file's train.update alike: a file made from another (conftest.BUILT_FROM) is left to
@@ -118,10 +119,11 @@ ALTERNATIVE = {
 }
 
 
-def sweep_points(module, config, other_lr):
+def sweep_points(module, config, other_lr, diverge):
     """Sweep points of a program built for lr=other_lr: [0] its own values, [1] lr=config.lr
-    (the run of `config`), then one point per other sweepable field with ALTERNATIVE's value, and
-    last lr=config.lr with every other field at ALTERNATIVE's value (the run of `alternative_config`)."""
+    (the run of `config`), then one point per other sweepable field with ALTERNATIVE's value, then
+    lr=config.lr with every other field at ALTERNATIVE's value (ALTERNATIVE_POINT: the run of
+    `alternative_config`), and last the spec's diverging values (DIVERGING_POINT: its `diverge` flags)."""
     base = module.hparams_from(dataclasses.replace(config, lr=other_lr))
     fields = [name for name in module.HParams._fields if name != "lr"]
     for name in fields:
@@ -129,7 +131,12 @@ def sweep_points(module, config, other_lr):
     points = [base, base._replace(lr=jnp.float32(config.lr))]
     points += [base._replace(**{name: jnp.float32(ALTERNATIVE[name])}) for name in fields]
     points += [base._replace(lr=jnp.float32(config.lr), **{name: jnp.float32(ALTERNATIVE[name]) for name in fields})]
+    flags = dict(zip(diverge[::2], diverge[1::2], strict=True))
+    points += [base._replace(**{flag[2:].replace("-", "_"): jnp.float32(value) for flag, value in flags.items()})]
     return fields, jax.tree.map(lambda *x: jnp.stack(x), *points)
+
+
+ALTERNATIVE_POINT, DIVERGING_POINT = -2, -1
 
 
 def alternative_config(module, config):
@@ -143,7 +150,7 @@ def swept(name, config, keys):
 
     def make():
         module, other_lr = load_algorithm(name), SPECS[name].other_lr
-        fields, hparams = sweep_points(module, config, other_lr)
+        fields, hparams = sweep_points(module, config, other_lr, SPECS[name].diverge)
         other = dataclasses.replace(config, lr=other_lr)
         out = jax.jit(jax.vmap(module.make_train(other), in_axes=(None, 0)))(keys[0], hparams)
         return fields, jax.device_get(hparams), jax.device_get(out)
@@ -168,11 +175,23 @@ def test_every_sweepable_field_is_read_from_the_run_hyperparameters(name, swept)
     HParams, not from the Config it was built with (which would leave the run equal to point 0)."""
     fields, _, (runner, metrics) = swept
     base = jax.tree.leaves(row(runner.params, 0))
-    for index, field in enumerate(fields, start=2):
+    for index, field in enumerate(fields, start=2):  # the points after [1], up to ALTERNATIVE_POINT
         changed = jax.tree.leaves(row(runner.params, index))
         assert any(not np.array_equal(a, b) for a, b in zip(base, changed, strict=True)), (
             f"sweeping {field} did not change the run: is it read from the Config instead of HParams?"
         )
+
+
+def test_a_diverging_point_is_reported_not_finite(name, swept):
+    """The point with the spec's diverging values (its `diverge` flags: a learning rate of 1e30, ...) reports
+    `finite` False from the update where NaN or inf appears on, the points beside it in the same program stay finite:
+    what the command line's exit 3 reads (tests/test_cli.py runs that exit on ppo.py; the harness's handling is the
+    same for every file)."""
+    _, _, (_, metrics) = swept
+    finite = metrics["finite"]
+    assert finite[:DIVERGING_POINT].all()
+    first = int(np.argmin(finite[DIVERGING_POINT]))
+    assert not finite[DIVERGING_POINT, first:].any(), finite[DIVERGING_POINT]
 
 
 @pytest.mark.slow
@@ -186,14 +205,14 @@ def test_a_sweep_point_equals_the_run_with_those_values_in_its_config(name, conf
     if SPECS[name].sweep_check:
         changes, rtol = SPECS[name].sweep_check
         config = dataclasses.replace(config, **changes)
-        _, hparams = sweep_points(module, config, other_lr)
+        _, hparams = sweep_points(module, config, other_lr, SPECS[name].diverge)
         program = jax.jit(jax.vmap(module.make_train(dataclasses.replace(config, lr=other_lr)), in_axes=(None, 0)))
         runner, metrics = jax.device_get(program(keys[0], hparams))
     else:
         _, _, (runner, metrics) = swept
     want_runner, want_metrics = jax.device_get(jax.jit(module.make_train(alternative_config(module, config)))(keys[0]))
-    assert_close(row(metrics, -1), want_metrics, rtol=rtol, atol=atol)
-    assert_close(row(runner.params, -1), want_runner.params, rtol=rtol, atol=atol)
+    assert_close(row(metrics, ALTERNATIVE_POINT), want_metrics, rtol=rtol, atol=atol)
+    assert_close(row(runner.params, ALTERNATIVE_POINT), want_runner.params, rtol=rtol, atol=atol)
 
 
 def test_chunked_run_matches_train(name, train, config, keys, single):

@@ -46,7 +46,8 @@ class Spec:
     # env reaches this one as it reaches that one (tests/test_suites.py), and the fast loop leaves its
     # runs of the shared tests (conftest.SHARED_TEST_MODULES) to CI: their own tests, against NumPy, stay.
     built_from: str | None = None
-    diverge: tuple = ("--lr", "1e30", "--max-grad-norm", "1e30")  # flags that make training produce NaN or inf
+    # HParams fields' flags whose values make training produce NaN or inf (tests/test_train.py's diverging point).
+    diverge: tuple = ("--lr", "1e30", "--max-grad-norm", "1e30")
     wrong_action_env: str = "Pendulum-v1"  # an environment whose action space the file refuses
     env: str = "CartPole-v1"  # the default Config's env (that of the small command-line run)
     obs_dim: int = 4  # that env's flat observation size
