@@ -168,6 +168,13 @@ def test_files_keep_their_line_budgets():
         assert len(block.splitlines()) <= SHARED_LINES, (title, len(block.splitlines()))
 
 
+def test_the_guide_to_adding_a_file_states_these_budgets():
+    """docs/adding-an-algorithm.md names the budgets above, as they are (it once named older ones)."""
+    text = " ".join((ROOT / "docs" / "adding-an-algorithm.md").read_text().split())
+    budgets = f"`ppo.py` at most {PPO_LINES} lines, any file {FILE_LINES}, the files {MEAN_LINES} on average"
+    assert f"{budgets}, the shared block {SHARED_LINES})" in text and f"last: {SHARED_LINES} lines" in text
+
+
 @pytest.mark.parametrize("path", ALGORITHM_FILES, ids=[p.name for p in ALGORITHM_FILES])
 def test_every_file_reads_algorithm_first(path):
     """Config, then the networks, then make_train, then the policy's action; the shared block last;
