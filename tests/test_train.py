@@ -284,8 +284,6 @@ def test_different_keys_start_and_train_differently(train, keys, single):
     assert drawn
     for a, b in drawn:
         assert not np.array_equal(a, b)
-    # A vmapped seed starts where that key alone starts.
-    starts = jax.device_get(jax.jit(jax.vmap(train.init))(keys).params)
-    jax.tree.map(np.testing.assert_array_equal, row(starts, 1), params[1])
+    # That a vmapped seed starts (and ends) where its key alone does: test_vmapped_run_matches_single_runs.
     (_, metrics_a), (_, metrics_b), _ = single
     assert not np.array_equal(metrics_a["loss"], metrics_b["loss"])
