@@ -15,11 +15,11 @@ SPEC = Spec(
         "one-atom": (["--num-atoms", "1"], "--num-atoms"),
         "v-min-not-below-v-max": (["--v-min", "5", "--v-max", "5"], "--v-min"),
     },
-    # The default reached SOLVED on 24 of 24 seeds (benchmarks/results/seeds_cpu.md); the test runs half its steps.
-    learning_flags=dqn.SHORT_RUN,
-    target=dqn.SHORT_TARGET,
+    # The default reached SOLVED on 24 of 24 seeds (results/seeds_cpu.md); its test learns Catch (specs/dqn.py).
+    learning_flags=dqn.catch_run(80_000),
+    target=dqn.CATCH_TARGET,
     reach=3,
-    greedy_target=dqn.SHORT_GREEDY_TARGET,  # the greedy policy (no exploration) as well
+    greedy_target=dqn.CATCH_GREEDY_TARGET,  # the greedy policy (no exploration) as well
     learning_checks=dqn.learning_checks,
     built_from="dqn",
 )

@@ -9,12 +9,22 @@ def learning_checks(dqn, config, metrics, greedy, tmp_path):
     np.testing.assert_array_equal(metrics["gradient_steps"].sum(-1), dqn.total_gradient_steps(config))
 
 
-# The DQN family's learning test (dqn.py, c51.py, qr_dqn.py, iqn.py, rainbow.py): the default command for half the
-# default's steps, whose 300k would take about a fifth of CI's budget across the five files. The lowest of 16 seeds
-# per file at 150k (docs/results.md) ended at 111 (greedy 97), every other file's at 203 (greedy 135) or more; at
-# 150 (greedy 100), one miss of four allowed, a file that learns passes and one that does not (random play returns
-# about 22) fails. The default's own counts over 24 seeds: benchmarks/results/seeds_cpu.md.
+# dqn.py's learning test: the default command for half the default's steps, whose 300k would take a large share of
+# CI's budget. The lowest of 16 seeds at 150k (docs/results.md) ended at 248 (greedy 224); at 150 (greedy 100), one miss
+# of four allowed, a file that learns passes and one that does not (random play returns about 22) fails. The default's
+# own counts over 24 seeds: benchmarks/results/seeds_cpu.md.
 SHORT_RUN, SHORT_TARGET, SHORT_GREEDY_TARGET = cli_flags(total_timesteps=150_000), 150.0, 100.0
+
+
+# The files made from dqn.py (c51.py, qr_dqn.py, iqn.py, rainbow.py) share its buffer and training loop, which its own
+# learning test runs on CartPole above; theirs run the default Config on bsuite's Catch (9-step episodes, +1 for a
+# caught ball, -1 for a missed one; random play about -0.6), which they learn in a fraction of CartPole's steps (CI's
+# budget). Per-seed returns there, 4 seeds each of `--seed 0` and `1` (docs/results.md): 0.96 or more, every greedy 1.
+def catch_run(total_timesteps: int) -> tuple:
+    return cli_flags(env_name="Catch-bsuite", total_timesteps=total_timesteps)
+
+
+CATCH_TARGET, CATCH_GREEDY_TARGET = 0.8, 0.8
 
 SPEC = Spec(
     # dqn.py's (and c51.py's, qr_dqn.py's and iqn.py's): num_envs=3 divides neither interval, so gradient steps
