@@ -413,7 +413,7 @@ def saved_params(runner: Runner) -> dict:
 
 
 # --------------------------------------------------------------------------------------
-# Running this file (the same in every algorithm file: tests/test_files.py): checks, env loop, evaluation, command line
+# Running this file (the same in every single-agent file: tests/test_files.py): checks, env loop, eval, command line
 # --------------------------------------------------------------------------------------
 class ConfigError(ValueError):
     """A config value that cannot work, naming the option and what is allowed; raised before anything compiles."""

@@ -130,6 +130,12 @@ def test_an_environment_that_cannot_be_built_is_refused_in_one_line(tmp_path, mo
     through the harness: one line naming the env and the reason, exit 2, no run directory."""
     if "Broken-v0" not in gymnax.registered_envs:  # stays registered in this worker: no other test names it
         gymnax.register("Broken-v0", broken)
+    jaxmarl = load_algorithm("ippo").import_jaxmarl()  # the multi-agent files' library has no register: faked
+    make = jaxmarl.make
+    monkeypatch.setattr(jaxmarl, "registered_envs", [*jaxmarl.registered_envs, "Broken-v0"])
+    monkeypatch.setattr(
+        jaxmarl, "make", lambda name, **kwargs: broken() if name == "Broken-v0" else make(name, **kwargs)
+    )
     for name, harness in itertools.product(ALGORITHM_NAMES, (False, True)):
         module, runs_dir = load_algorithm(name), tmp_path / f"{name}-{harness}"
         command = lambda argv: onefile_harness.command_line(module, argv) if harness else module.main(argv)  # noqa: E731

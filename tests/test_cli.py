@@ -322,15 +322,42 @@ def test_sweep_has_a_leading_sweep_axis(algo, module, cli, tmp_path, copied_scri
     assert not np.allclose(metrics["loss"][0], metrics["loss"][1], rtol=1e-3)
 
 
+def env_api(vec_env):
+    """(reset(key), step(key, state, action) -> (obs, state, reward, done), contains(action)) of one env through its
+    library's own API: gymnax's, or a multi-agent file's JaxMARL env, its agents stacked as the file stacks them (its
+    step splits its key as the file's VecEnv does) and its reward the agents' mean."""
+    env, env_params, agents = vec_env.env, vec_env.params, getattr(vec_env.env, "agents", None)
+    if agents is None:
+        space = env.action_space(env_params)
+
+        def step(key, state, action):
+            obs, state, reward, terminated, truncated, _ = env.step(key, state, action, env_params)
+            return obs, state, reward, terminated | truncated
+
+        return lambda key: env.reset(key, env_params), step, lambda action: bool(space.contains(action))
+    stack = lambda values: jax.numpy.stack([values[agent] for agent in agents])  # noqa: E731
+
+    def reset(key):
+        obs, state = env.reset(key)
+        return stack(obs), state
+
+    def step(key, state, action):
+        obs, state, reward, done, _ = env.step(key, state, dict(zip(agents, action, strict=True)))
+        return stack(obs), state, stack(reward).mean(), done["__all__"]
+
+    spaces = [env.action_space(agent) for agent in agents]
+    return reset, step, lambda action: all(bool(s.contains(a)) for s, a in zip(spaces, action, strict=True))
+
+
 def act_loop(module, config, params, rng: jax.Array) -> np.ndarray:
-    """The returns of eval_episodes fresh gymnax envs stepped in a Python loop, as a user acts: make_act's act,
-    vmapped over the envs, on their observations in the env's own shape, then gymnax's step, until each env's
-    first episode ends; with the keys the evaluation draws (its reset key, then act and step keys each step).
+    """The returns of eval_episodes fresh envs stepped in a Python loop, as a user acts: make_act's act, vmapped over
+    the envs, on their observations in the env's own shape, then the env library's own step (env_api), until each
+    env's first episode ends; with the keys the evaluation draws (its reset key, then act and step keys each step).
     Act and step are jitted together, as in the evaluation: compiled apart, XLA's CPU code rounds CartPole's
     physics differently, which moves an episode of these barely trained policies by a step now and then."""
     act, n = module.make_act(config), config.eval_episodes
     vec_env, memory = module.VecEnv(config.env_name, 1), getattr(act, "memory", None)
-    env, env_params = vec_env.env, vec_env.params
+    reset, step, _ = env_api(vec_env)
     if memory is not None:
         memory = jax.tree.map(lambda m: np.broadcast_to(m, (n, *np.shape(m))), memory)  # an array or a pytree
 
@@ -341,16 +368,15 @@ def act_loop(module, config, params, rng: jax.Array) -> np.ndarray:
             action = jax.vmap(act, in_axes=(None, 0, 0))(params, obs, jax.random.split(act_key, n))
         else:
             action, memory = jax.vmap(act, in_axes=(None, 0, 0, 0))(params, obs, jax.random.split(act_key, n), memory)
-        step = jax.vmap(env.step, in_axes=(0, 0, 0, None))(jax.random.split(env_key, n), state, action, env_params)
-        return step, memory, rng
+        return jax.vmap(step)(jax.random.split(env_key, n), state, action), memory, rng
 
     reset_key, rng = jax.random.split(rng)
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, n), env_params)
+    obs, state = jax.vmap(reset)(jax.random.split(reset_key, n))
     returns, alive = np.zeros(n, np.float32), np.ones(n, bool)
     for _ in range(vec_env.max_episode_steps):
-        (obs, state, reward, terminated, truncated, _), memory, rng = act_and_step(params, obs, state, memory, rng)
+        (obs, state, reward, done), memory, rng = act_and_step(params, obs, state, memory, rng)
         returns += np.where(alive, reward, 0).astype(np.float32)
-        alive &= ~np.asarray(terminated | truncated)
+        alive &= ~np.asarray(done)
         if not alive.any():
             break
     return returns
@@ -377,12 +403,11 @@ def test_load_run_and_make_act_act_as_the_evaluation(algo, module, copied_script
     greedy=False it acts within the action space."""
     config, params = check_load_run_and_make_act(module, algo, results_dir(*copied_script_run), SWEEP_LRS[1])
     sample = module.make_act(config, greedy=False)
-    vec_env = module.VecEnv(config.env_name, 1)
-    obs, _ = vec_env.env.reset(jax.random.PRNGKey(0), vec_env.params)
-    space, memory = vec_env.env.action_space(vec_env.params), getattr(sample, "memory", None)
+    reset, _, contains = env_api(module.VecEnv(config.env_name, 1))
+    obs, memory = reset(jax.random.PRNGKey(0))[0], getattr(sample, "memory", None)
     for key in jax.random.split(jax.random.PRNGKey(1), 8):
         action = sample(params, obs, key) if memory is None else sample(params, obs, key, memory)[0]
-        assert bool(space.contains(action)), action
+        assert contains(action), action
 
 
 def test_load_run_and_make_act_act_as_the_harness_run_evaluation(algo, module, small_run):

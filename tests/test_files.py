@@ -3,10 +3,12 @@ needs to run alone, the same text in all of them and short; each file keeps with
 importing a file does nothing but define things; every file offers the run harness's interface
 (algorithms/onefile_harness/protocol.py).
 
-A shared block is a section whose banner title says "(the same in every algorithm file: tests/test_files.py)"
+A shared block is a section whose banner title says "(the same in every single-agent file: tests/test_files.py)"
 or names its files, "(the same in dqn.py, c51.py: tests/test_files.py)"; it runs to the next banner (a title
 between two bars, or `# ---- title ----`). To change one, edit it in the first file its title names (ppo.py for
 every file) and run `python tests/test_files.py`, which copies each shared block from that file into the others.
+The multi-agent files' block ("every multi-agent file") is ppo.py's with an env section of its own (EnvStep,
+VecEnv: JaxMARL's env, its agents an axis): the copy puts ppo.py's block around that section.
 """
 
 import difflib
@@ -25,7 +27,13 @@ ALGORITHM_FILES = sorted((ROOT / "algorithms").glob("*.py"))
 BAR = "# " + "-" * 86 + "\n"
 BANNER = re.compile(rf"^(?:{re.escape(BAR)}# (.*)\n{re.escape(BAR)}|# ---- (.*) ----\n)", re.M)
 SHARED = re.compile(r"\(the same in (.*?): tests/test_files\.py\)")
-EVERY_FILE = "every algorithm file"
+EVERY_FILE, EVERY_MULTI_AGENT_FILE = "every single-agent file", "every multi-agent file"
+MULTI_AGENT_FILES = [
+    path.name for path in ALGORITHM_FILES if f"(the same in {EVERY_MULTI_AGENT_FILE}:" in path.read_text()
+]
+# A multi-agent block's own part: from EnvStep to Episodes (which, with the rest, is ppo.py's).
+MULTI_AGENT = "Running a multi-agent file"  # that block's title
+ENV_SECTION = re.compile(r"^class EnvStep\(NamedTuple\):.*?(?=^class Episodes\()", re.M | re.S)
 
 
 def shared_blocks(text: str) -> dict[str, tuple[int, str]]:
@@ -43,7 +51,16 @@ def shared_blocks(text: str) -> dict[str, tuple[int, str]]:
 def sharing_files(block: str, names: list[str]) -> list[str]:
     """The files a shared block's title names, the one it is copied from first (for every file: `names`)."""
     named = SHARED.search(block).group(1)
-    return list(names) if named == EVERY_FILE else named.split(", ")
+    if named in (EVERY_FILE, EVERY_MULTI_AGENT_FILE):
+        return [name for name in names if (name in MULTI_AGENT_FILES) == (named == EVERY_MULTI_AGENT_FILE)]
+    return named.split(", ")
+
+
+def as_multi_agent(single_agent_block: str, multi_agent_block: str) -> str:
+    """ppo.py's block made a multi-agent file's: that block's banner (3 lines) and env section put in."""
+    banner, body = multi_agent_block.split("\n", 3)[:3], single_agent_block.split("\n", 3)[3]
+    section = ENV_SECTION.search(multi_agent_block).group(0)
+    return "\n".join(banner) + "\n" + ENV_SECTION.sub(lambda _: section, body)
 
 
 def block_differences(texts: dict) -> list[str]:
@@ -91,6 +108,15 @@ def test_every_file_has_the_same_shared_blocks():
     assert set(shared_blocks(texts["ppo.py"])) == {"Running this file"}
     differences = block_differences(texts)
     assert not differences, "the shared blocks must be the same in every file:\n" + "\n".join(differences)
+
+
+@pytest.mark.parametrize("name", MULTI_AGENT_FILES)
+def test_a_multi_agent_block_is_ppos_but_its_env_section(name):
+    texts = ordered_texts()
+    single, multi = shared_blocks(texts["ppo.py"])["Running this file"][1], shared_blocks(texts[name])[MULTI_AGENT][1]
+    assert ENV_SECTION.search(multi), f"{name}: its block has no env section (EnvStep to Episodes)"
+    differ = list(difflib.unified_diff(as_multi_agent(single, multi).splitlines(), multi.splitlines(), n=1))
+    assert not differ, f"{name}'s block differs from ppo.py's outside its env section:\n" + "\n".join(differ[:12])
 
 
 # What siblings share on purpose, each block in the files its title names (and only there).
@@ -182,7 +208,10 @@ def test_every_file_reads_algorithm_first(path):
     over 45 lines."""
     text = path.read_text()
     order = [text.index(marker) for marker in ("class Config", "class HParams", "def make_train(")]
-    order += [text.index("def make_act("), text.index("# Running this file")]
+    order += [
+        text.index("def make_act("),
+        text.index("# Running this file" if path.name not in MULTI_AGENT_FILES else "# " + MULTI_AGENT),
+    ]
     assert order == sorted(order), f"{path.name}: {order}"
     for match in re.finditer(r"^( *)def (\w+)\((.*?)\)(?: -> [^:]+)?:\n", text, re.M | re.S):
         indent, name, args = match.groups()
@@ -259,6 +288,8 @@ if __name__ == "__main__":  # python tests/test_files.py [FILE ...]: copy each s
         for title, (_, block) in shared_blocks(text).items():
             source = sharing_files(block, names)[0]
             wanted = shared_blocks((ROOT / "algorithms" / source).read_text())[title][1]
+            if title == MULTI_AGENT:  # ppo.py's block around the first multi-agent file's env section
+                wanted = as_multi_agent(shared_blocks(ordered_texts()["ppo.py"])["Running this file"][1], wanted)
             if wanted != block:
                 text = text.replace(block, wanted)
                 print(f"{path.name}: its block {title!r} replaced by {source}'s")

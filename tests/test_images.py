@@ -15,7 +15,8 @@ from specs import SPECS
 from conftest import load_algorithm
 
 IMAGE_ENV = "Breakout-MinAtar"
-DISCRETE = [name for name in SPECS if load_algorithm(name).ACTIONS == "discrete"]
+# The single-agent files with discrete actions (a multi-agent file takes JaxMARL's envs only).
+DISCRETE = [name for name, spec in SPECS.items() if load_algorithm(name).ACTIONS == "discrete" and not spec.multi_agent]
 
 
 def test_vecenv_keeps_an_image_observation(ppo):

@@ -7,8 +7,9 @@ spreads them (on this 2-core CPU, dqn.py's test took 29% less CPU time than on o
 tests/test_train.py and tests/test_sharding.py show the command line trains as `train` does.
 Each file's target and extra checks are in its spec (tests/specs/<name>.py). Each test runs the default command with
 `--num-seeds 4` (LEARNING_SEEDS, half the default's 8: CI's budget), and where the default's steps would take much of
-CI's budget (the DQN family's, ppo_trxl.py's), the spec's learning_flags shorten it (dqn.py, ppo_trxl.py) or give the
-files made from dqn.py bsuite's Catch (specs/dqn.py), and its target is what that run reaches; the default's own seed
+CI's budget (the DQN family's, ppo_trxl.py's, the multi-agent files'), the spec's learning_flags shorten it (dqn.py,
+ppo_trxl.py, ippo.py, mappo.py) or give the files made from dqn.py bsuite's Catch (specs/dqn.py), and its target is
+what that run reaches; the default's own seed
 counts over 24 seeds are benchmarks/bench_seeds.py's (benchmarks/results/seeds_cpu.md)."""
 
 import subprocess

@@ -365,6 +365,7 @@ CONTINUOUS = ("ppo_continuous", "sac", "td3")
         and LEARNING.get(s, ("",))[0] != n
         and s != "craftax"
         and n not in BUILT_FROM
+        and not SPECS[n].multi_agent  # a multi-agent file takes JaxMARL's envs only
     ],
 )
 def test_command_line_trains_on_a_suite(name, suite, tmp_path):

@@ -49,6 +49,8 @@ class Spec:
     # HParams fields' flags whose values make training produce NaN or inf (tests/test_train.py's diverging point).
     diverge: tuple = ("--lr", "1e30", "--max-grad-norm", "1e30")
     wrong_action_env: str = "Pendulum-v1"  # an environment whose action space the file refuses
+    # Its env is JaxMARL's: agents an axis of the observations and actions, the shared block "every multi-agent file"'s.
+    multi_agent: bool = False
     env: str = "CartPole-v1"  # the default Config's env (that of the small command-line run)
     obs_dim: int = 4  # that env's flat observation size
     return_range: tuple = (0, 500)  # every episode return that env can give
