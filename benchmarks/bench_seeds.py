@@ -38,6 +38,8 @@ DEFAULTS = {
     "sac": -200.0,
     "td3": -200.0,
     "ppo_rnd": 0.9,  # DeepSea-bsuite: 0.99 for reaching the treasure, about 0 otherwise
+    "ippo": -21.0,  # MPE_simple_spread_v3, the agents' mean return: a uniformly random policy about -27.5
+    "mappo": -21.0,
 }
 
 

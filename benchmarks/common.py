@@ -80,7 +80,7 @@ def machine() -> dict:
     import jax
 
     versions = {}
-    for package in ("jax", "jaxlib", "flax", "optax", "gymnax", "distrax"):
+    for package in ("jax", "jaxlib", "flax", "optax", "gymnax", "distrax", "jaxmarl"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

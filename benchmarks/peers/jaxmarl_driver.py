@@ -1,0 +1,284 @@
+"""Times JaxMARL's own IPPO baseline, baselines/IPPO/ippo_ff_mpe.py, at its own config
+(baselines/IPPO/config/ippo_ff_mpe.yaml: MPE_simple_spread_v3), as bench_marl.py times algorithms/ippo.py.
+
+    python benchmarks/peers/jaxmarl_driver.py ippo_ff_mpe --jaxmarl /path/to/JaxMARL --seeds 4 --total-timesteps 2e6
+
+--jaxmarl is the root of a clone of https://github.com/FLAIROx/JaxMARL (its baselines/ are not in the pip
+package; the environments and wrappers come from the installed `jaxmarl`, 0.2.0). The driver imports
+`make_train` from the clone's unmodified baselines/IPPO/ippo_ff_mpe.py and reads the config from its
+unmodified config/ippo_ff_mpe.yaml (with PyYAML when installed, else the small parser below; a number
+PyYAML leaves a string, as `1e7`, is read as the number OmegaConf reads). Changes to that config:
+--total-timesteps, --set KEY=VALUE, and SEED / NUM_SEEDS set to what runs (main() reads them,
+make_train does not); the RESULT line lists them.
+
+Timing, one configuration per process, as purejaxrl_driver.py times PureJAXRL:
+  compile_s   = jax.jit(jax.vmap(train)).lower(keys).compile(), keys = split(PRNGKey(--seed), --seeds)
+  run_s       = the compiled call until jax.block_until_ready
+  steps_per_s = env steps of all seeds / run_s, env steps = TOTAL_TIMESTEPS rounded down to whole
+                updates of NUM_ENVS * NUM_STEPS (make_train's NUM_UPDATES), per seed
+The run includes ippo_ff_mpe.py's `jax.experimental.io_callback(wandb.log, ...)` of every update,
+host round trips that are part of JaxMARL's program as written (here wandb.log is the stand-in's).
+
+Returns, from what JaxMARL itself logs. Every update the file passes `metric` to wandb.log: the
+rollout's info averaged over its steps and actors (agents x envs), and loss figures. Its
+`returned_episode_returns` is jaxmarl.wrappers.baselines.MPELogWrapper's: per agent, the return of
+the env's last finished episode with every reward multiplied by the number of agents ("as per the
+on-policy codebase"), so the average over agents is the SUM over agents of their returns. The
+per-agent return ippo.py reports (the agents' mean reward summed over an episode) is that figure
+divided by the number of agents. final_return_per_seed: per seed, the mean over the last 5% of
+updates of logged returned_episode_returns / num_agents; final_return_mean / _std: over seeds.
+(ippo.py's final return is the mean of the episodes that ended in the last 5% of updates; JaxMARL's
+figure averages, over every step of those updates, each env's last finished episode, which lags by
+up to one episode.) The logged values are checked against the `metrics` make_train
+returns (`callback_matches_metrics`).
+
+io_callback under vmap: jax (0.10) batches an unordered io_callback sequentially, so the stand-in's
+log is called once per seed per update with that seed's scalars (not once with [seeds] arrays);
+records arrive update by update, seed by seed within an update. The driver handles both forms
+(`callback_calls` and `callback_shapes` in RESULT say which happened): calls with a leading seeds
+axis are one update of all seeds, scalar calls are grouped seeds at a time in arrival order.
+
+Stand-ins, on the driver side (no file of the checkout is edited): `wandb` always (a module whose
+`log` records each dict as numpy, and whose other attributes raise); `hydra` (main(...) returns the
+function undecorated), `omegaconf` and matplotlib when not installed (imported, unused by make_train).
+XLA_FLAGS gets what the algorithm files' configure_xla() sets (xla_setup.py).
+
+Prints one line `RESULT {json}`.
+"""
+
+import argparse
+import ast
+import importlib
+import importlib.util
+import json
+import os
+import platform
+import re
+import sys
+import time
+import types
+
+from purejaxrl_driver import checkout_commit  # the same question of a clone
+from xla_setup import set_xla_flags
+
+FINAL_FRACTION = 0.05
+BASELINES = {"ippo_ff_mpe": ("baselines/IPPO/ippo_ff_mpe.py", "baselines/IPPO/config/ippo_ff_mpe.yaml")}
+NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
+
+
+def stand_in(name: str, **attrs) -> types.ModuleType:
+    """A module whose given attributes work and whose others raise when called."""
+    module = types.ModuleType(name)
+
+    def missing(attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+        def unavailable(*args, **kwargs):
+            raise RuntimeError(f"{name}.{attr}: not available in the driver's stand-in module {name}")
+
+        return unavailable
+
+    module.__getattr__ = missing
+    for key, value in attrs.items():
+        setattr(module, key, value)
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+    return module
+
+
+def insert_stand_ins(logged: list) -> list:
+    """wandb always (its log appends to `logged`); hydra, omegaconf, matplotlib when not installed."""
+    import numpy as np
+
+    def log(metric, *args, **kwargs):
+        logged.append({k: np.asarray(v) for k, v in metric.items()})
+
+    stand_in("wandb", log=log)
+    inserted = ["wandb (log records each metric dict)"]
+    if importlib.util.find_spec("hydra") is None:
+        stand_in("hydra", main=lambda *args, **kwargs: lambda function: function)
+        inserted.append("hydra (main returns the function undecorated)")
+    if importlib.util.find_spec("omegaconf") is None:
+        stand_in("omegaconf")
+        inserted.append("omegaconf")
+    if importlib.util.find_spec("matplotlib") is None:
+        stand_in("matplotlib")
+        stand_in("matplotlib.pyplot")
+        inserted.append("matplotlib")
+    return inserted
+
+
+def literal(text: str):
+    """A yaml scalar as OmegaConf reads it: numbers (1e7 too), booleans, null, quoted strings, {} and []."""
+    text = text.strip()
+    if NUMBER.match(text) and any(c.isdigit() for c in text):
+        value = float(text.replace("_", ""))
+        return int(value) if re.fullmatch(r"[-+]?[\d_]+", text) else value
+    lowered = {"true": True, "false": False, "null": None, "~": None}
+    if text.lower() in lowered:
+        return lowered[text.lower()]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def yaml_config(path: str) -> dict:
+    """The baseline's yaml: PyYAML when installed (strings that are numbers to OmegaConf made numbers), else
+    the flat `"KEY": value` lines JaxMARL's configs are written in."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        import yaml
+    except ImportError:
+        config = {}
+        for line in text.splitlines():
+            line = line.split(" #")[0].strip()
+            if not line or line.startswith("#"):
+                continue
+            key, _, value = line.partition(":")
+            config[literal(key)] = literal(value)
+        return config
+    config = yaml.safe_load(text)
+    return {k: literal(v) if isinstance(v, str) and NUMBER.match(v.strip()) else v for k, v in config.items()}
+
+
+def versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "cpu_cores": os.cpu_count()}
+    for package in ("jax", "jaxlib", "flax", "optax", "distrax", "chex", "jaxmarl"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def blob_id(path: str):
+    """`git hash-object` of a file: names the baseline's version even when the clone is no git checkout."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        data = f.read()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def logged_per_seed(logged: list, seeds: int, updates: int, name: str):
+    """The logged `name` as [seeds, updates], from calls with [seeds] arrays or per-seed scalar calls."""
+    import numpy as np
+
+    values = [np.asarray(record[name]) for record in logged]
+    if values and all(v.shape == (seeds,) for v in values) and len(values) == updates:
+        return np.stack(values, 1)  # one call per update, the seeds batched
+    if values and all(v.size == 1 for v in values) and len(values) == updates * seeds:
+        return np.array([v.item() for v in values]).reshape(updates, seeds).T  # update by update, seed by seed
+    shapes = sorted({v.shape for v in values})
+    raise SystemExit(
+        f"unexpected wandb.log calls: {len(values)} with shapes {shapes} ({seeds} seeds, {updates} updates)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("baseline", choices=sorted(BASELINES))
+    parser.add_argument("--jaxmarl", required=True, help="root of a clone of github.com/FLAIROx/JaxMARL")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds vmapped in one jitted call")
+    parser.add_argument("--seed", type=int, default=0, help="PRNG seed the per-seed keys are split from")
+    parser.add_argument("--total-timesteps", type=float, default=None, help="override TOTAL_TIMESTEPS")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config entry (VALUE read as a Python literal when it is one)",
+    )
+    args = parser.parse_args()
+
+    source = os.path.abspath(args.jaxmarl)
+    path, config_path = (os.path.join(source, p) for p in BASELINES[args.baseline])
+    for needed in (path, config_path):
+        if not os.path.isfile(needed):
+            raise SystemExit(f"{needed} not found: --jaxmarl must be the root of a JaxMARL checkout")
+
+    set_xla_flags()
+    logged = []
+    adapters = [f"XLA_FLAGS={os.environ['XLA_FLAGS']}"]
+    adapters += [f"stand-in module {name}" for name in insert_stand_ins(logged)]
+    import jax
+    import jax.experimental  # the baseline calls jax.experimental.io_callback
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location(args.baseline, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[args.baseline] = module
+    spec.loader.exec_module(module)
+
+    defaults = yaml_config(config_path)
+    config = dict(defaults)
+    if args.total_timesteps is not None:
+        config["TOTAL_TIMESTEPS"] = args.total_timesteps
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass
+        config[key] = value
+    config["SEED"], config["NUM_SEEDS"] = args.seed, args.seeds  # main() reads them; make_train does not
+    changed = {k: v for k, v in config.items() if k not in defaults or defaults[k] != v}
+
+    keys = jax.random.split(jax.random.PRNGKey(args.seed), args.seeds)
+    made = dict(config)
+    train = module.make_train(made)  # make_train adds NUM_ACTORS, NUM_UPDATES, MINIBATCH_SIZE to the dict
+    updates = int(made["NUM_UPDATES"])
+    num_agents = made["NUM_ACTORS"] // made["NUM_ENVS"]
+    steps_per_seed = updates * made["NUM_ENVS"] * made["NUM_STEPS"]
+    start = time.perf_counter()
+    lowered = jax.jit(jax.vmap(train)).lower(keys)
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    compiled_at = time.perf_counter()
+    out = jax.block_until_ready(compiled(keys))
+    run_s = time.perf_counter() - compiled_at
+
+    logged_returns = logged_per_seed(logged, args.seeds, updates, "returned_episode_returns")
+    returned = np.asarray(out["metrics"]["returned_episode_returns"])  # [seeds, updates]
+    per_agent = logged_returns / num_agents  # MPELogWrapper's figure is the sum over agents
+    last = max(1, int(np.ceil(updates * FINAL_FRACTION)))
+    final = per_agent[:, -last:].mean(axis=1)
+    result = {
+        "bench": f"jaxmarl_{args.baseline}",
+        "env": config["ENV_NAME"],
+        "num_seeds": args.seeds,
+        "num_agents": int(num_agents),
+        "total_timesteps": config["TOTAL_TIMESTEPS"],
+        "num_updates": updates,
+        "env_steps_per_seed": steps_per_seed,
+        "lower_s": lowered_at - start,
+        "compile_s": compiled_at - start,
+        "run_s": run_s,
+        "steps_per_s": steps_per_seed * args.seeds / run_s,
+        "final_return_mean": float(np.mean(final)),
+        "final_return_std": float(np.std(final)),
+        "final_return_per_seed": [float(x) for x in final],
+        "final_logged_return_mean": float(np.mean(logged_returns[:, -last:])),  # JaxMARL's figure (sum over agents)
+        "final_updates": last,
+        "callback_calls": len(logged),
+        "callback_shapes": sorted({str(np.shape(r["returned_episode_returns"])) for r in logged}),
+        "callback_matches_metrics": bool(np.allclose(logged_returns, returned, rtol=1e-6, atol=1e-6)),
+        "config_changes": {k: repr(v) for k, v in changed.items()},
+        "adapters": adapters,
+        "jaxmarl_commit": checkout_commit(source),
+        "baseline_blob": blob_id(path),
+        "backend": jax.default_backend(),
+        **versions(),
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
