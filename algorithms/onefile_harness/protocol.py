@@ -19,8 +19,9 @@ the names below, and refuses a file whose HARNESS_PROTOCOL is not this module's 
                          step(key, state, action) -> EnvStep(obs, state, reward, terminated,
                          truncated, final_obs), observations in the env's own shape and dtype, with
                          num_envs, max_episode_steps, obs_shape, obs_dtype, env and params (the gymnax
-                         env). The harness may hand make_train and make_evaluate another object of this
-                         interface: suites.vec_env
+                         env; a multi-agent file's: the JaxMARL env, params None, observations and
+                         actions with an agents axis, docs/multi-agent.md). The harness may hand
+                         make_train and make_evaluate another object of this interface: suites.vec_env
     make_train(config, env=None)
                          -> train(rng, hparams=None) -> (runner, metrics), the whole run in `env`
                          (default: VecEnv(config.env_name, config.num_envs)), with
