@@ -364,7 +364,7 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     """`act(params, obs, key) -> actions` for one env's observations [num_agents, *obs_shape] (vmap it for a batch):
     each agent's most probable action under the shared actor, or (greedy=False) one drawn from its softmax."""
     env = env or VecEnv(config.env_name, 1)
-    networks = make_networks(config, env.num_actions, env.obs_shape)
+    networks = make_networks(config, env.num_actions, env.obs_shape, env.num_agents)
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
         logits = networks.actor.apply(params["actor"], obs)
