@@ -438,7 +438,8 @@ class VecEnv:
         own = type(self.env).get_avail_actions is not jaxmarl.environments.MultiAgentEnv.get_avail_actions
         masks = own or hasattr(self.env, "get_legal_moves")  # Hanabi's name for them
         require(not masks, f"--env-name {env_name} masks actions, which this file does not apply yet")
-        self.num_envs, self.num_agents, self.num_actions, self.action_shape = num_envs, len(agents), spaces[0].n, ()
+        self.num_envs, self.num_agents, self.num_actions = num_envs, len(agents), spaces[0].n
+        self.action_shape = (self.num_agents,)  # one env's action: every agent's
         self.obs_shape, self.obs_dtype = obs[0]  # one agent's observation
         self.time_limit = getattr(self.env, "max_steps", 10**6)  # an episode ending at this step count is truncated
         self.max_episode_steps = self.time_limit + 1  # MPE's check reads the count before its step: one step more
@@ -448,7 +449,7 @@ class VecEnv:
         return jnp.stack([obs[agent] for agent in self.env.agents], 1), state
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
-        action = action.reshape(self.num_envs, self.num_agents)
+        action = action.reshape(self.num_envs, *self.action_shape)
         return jax.vmap(self.step_one)(jax.random.split(key, self.num_envs), state, action)
 
     def step_one(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:  # one env: step, then reset if done
