@@ -56,37 +56,14 @@ import platform
 import re
 import sys
 import time
-import types
 
 from purejaxrl_driver import checkout_commit  # the same question of a clone
+from stand_ins import stand_in
 from xla_setup import set_xla_flags
 
 FINAL_FRACTION = 0.05
 BASELINES = {"ippo_ff_mpe": ("baselines/IPPO/ippo_ff_mpe.py", "baselines/IPPO/config/ippo_ff_mpe.yaml")}
 NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
-
-
-def stand_in(name: str, **attrs) -> types.ModuleType:
-    """A module whose given attributes work and whose others raise when called."""
-    module = types.ModuleType(name)
-
-    def missing(attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-
-        def unavailable(*args, **kwargs):
-            raise RuntimeError(f"{name}.{attr}: not available in the driver's stand-in module {name}")
-
-        return unavailable
-
-    module.__getattr__ = missing
-    for key, value in attrs.items():
-        setattr(module, key, value)
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, module)
-    return module
 
 
 def insert_stand_ins(logged: list) -> list:

@@ -50,6 +50,7 @@ import sys
 import time
 import types
 
+from stand_ins import stand_in
 from xla_setup import set_xla_flags
 
 FINAL_FRACTION = 0.05
@@ -57,25 +58,6 @@ FINAL_FRACTION = 0.05
 
 def insert_stand_ins() -> list:
     """Empty modules for brax, navix and wandb when they are not installed (imported, never used)."""
-
-    def stand_in(name):
-        module = types.ModuleType(name)
-
-        def missing(attr):
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-
-            def unavailable(*args, **kwargs):
-                raise RuntimeError(f"{name}.{attr}: {name.split('.')[0]} is not installed (stand-in module)")
-
-            return unavailable
-
-        module.__getattr__ = missing
-        sys.modules[name] = module
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], child, module)
-
     inserted = []
     for package, submodules in (
         ("brax", ["brax.envs", "brax.envs.wrappers", "brax.envs.wrappers.training"]),
