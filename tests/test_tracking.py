@@ -1,5 +1,6 @@
 """--track tensorboard and --track wandb (offline): what they stream can be read back and equals
-metrics.npz; --eval-only reproduces a run's greedy evaluation; --render draws one frame per step.
+metrics.npz; --eval-only reproduces a run's greedy evaluation; --render draws one frame per step (gymnax's
+envs, and JaxMARL's MPE for a multi-agent file).
 
 TensorBoard event files are read with tensorboardX's own protobuf classes, and W&B's offline run
 file with wandb's, through the record framing both use (checksum, length, type)."""
@@ -130,3 +131,21 @@ def test_render_refuses_what_gymnax_cannot_draw():
     algo = protocol.load(load_algorithm("ppo"))
     with pytest.raises(protocol.UsageError, match="cannot draw DeepSea-bsuite"):
         evaluation.drawable_env(algo, "DeepSea-bsuite")
+    ippo = protocol.load(load_algorithm("ippo"))
+    with pytest.raises(protocol.UsageError, match="MPE envs .*, not switch_riddle"):  # JaxMARL's, not an MPE env
+        evaluation.drawable_env(ippo, "switch_riddle")
+
+
+@pytest.mark.slow  # a small run and its evaluation compiled, then 26 frames drawn by matplotlib: ~25 s
+def test_render_draws_a_multi_agent_files_mpe_episode(tmp_path, capsys):
+    """ippo.py's --render: JaxMARL's MPEVisualizer draws one frame per step of MPE's 26-step greedy episode."""
+    from PIL import Image
+
+    ippo = load_algorithm("ippo")
+    small = [*SPECS["ippo"].small, "--num-seeds", "1", "--quiet", "--runs-dir", str(tmp_path)]
+    code, out, err = main_in_process(ippo, small, capsys)
+    assert code == 0, err
+    code, out, err = main_in_process(ippo, ["--eval-only", str(run_dir_of(out)), "--render"], capsys)
+    assert code == 0 and "seed0.gif: 26 steps" in out, err
+    with Image.open(run_dir_of(out) / "episodes" / "seed0.gif") as gif:
+        assert gif.n_frames == 26

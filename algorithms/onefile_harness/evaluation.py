@@ -1,7 +1,9 @@
 """--eval-only and --render: a finished run's saved parameters evaluated again, and one greedy
 episode per run drawn as an animated GIF."""
 
+import contextlib
 import importlib.util
+import io
 import os
 from typing import Any, NamedTuple
 
@@ -94,9 +96,16 @@ DRAWABLE = {
 
 def drawable_env(algo, env_name: str):
     """(env, params) that gymnax can draw for `env_name` (a wrapper's inner env if need be), or a
-    UsageError saying why not."""
+    UsageError saying why not; for a multi-agent file, (env, None) of a JaxMARL env its own
+    MPEVisualizer draws (MPE's)."""
     vec_env = algo.VecEnv(env_name, 1)
     env, env_params = vec_env.env, vec_env.params
+    if hasattr(vec_env, "num_agents"):  # JaxMARL's, imported by the file's VecEnv
+        from jaxmarl.environments.mpe.simple import SimpleMPE
+
+        if not isinstance(env, SimpleMPE):
+            raise UsageError(f"--render: JaxMARL's visualiser is used for its MPE envs (MPE_...), not {env_name}")
+        return env, None
     drawable = sum(DRAWABLE.values(), ())
     while env.name not in drawable and hasattr(env, "env"):
         env = env.env  # e.g. an observation wrapper: the states are its inner env's
@@ -117,6 +126,9 @@ def render_episodes(job, plan: RunPlan, params, say) -> None:
     from gymnax.visualize import Visualizer
 
     env, env_params = drawable_env(job.algo, job.config.env_name)
+    draw = lambda frames, rewards, path: Visualizer(env, env_params, frames, rewards).animate(path)  # noqa: E731
+    if env_params is None:  # a JaxMARL MPE env
+        draw = lambda frames, rewards, path: draw_mpe(env, frames, path)  # noqa: E731
     record = jax.jit(make_episode_recorder(job.algo, job.config))
     folder = os.path.join(job.run_dir, "episodes")
     os.makedirs(folder, exist_ok=True)
@@ -129,5 +141,16 @@ def render_episodes(job, plan: RunPlan, params, say) -> None:
             length = int(alive.sum())
             frames = [jax.tree.map(lambda x: x[t], states) for t in range(length)]
             name = "-".join(filter(None, [point_label(point).replace(", ", "-"), f"seed{seed}"])) + ".gif"
-            Visualizer(env, env_params, frames, np.cumsum(rewards[:length])).animate(os.path.join(folder, name))
+            draw(frames, np.cumsum(rewards[:length]), os.path.join(folder, name))
             say(f"{name}: {length} steps, return {float(rewards[:length].sum()):.1f}")
+
+
+def draw_mpe(env, frames: list, path: str) -> None:
+    """One MPE episode's states as an animated GIF, by JaxMARL's MPEVisualizer (which prints; quietened)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from jaxmarl.environments.mpe import MPEVisualizer
+
+    with contextlib.redirect_stdout(io.StringIO()), matplotlib.rc_context({"animation.writer": "pillow"}):
+        MPEVisualizer(env, frames).animate(path, view=False)
+    plt.close("all")
