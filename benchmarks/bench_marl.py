@@ -1,14 +1,15 @@
-"""Measures algorithms/ippo.py side by side with JaxMARL's own IPPO baseline (baselines/IPPO/ippo_ff_mpe.py) on
-MPE_simple_spread_v3, at that baseline's config (baselines/IPPO/config/ippo_ff_mpe.yaml of a JaxMARL checkout).
+"""Measures a multi-agent file side by side with JaxMARL's own baseline of its algorithm on MPE_simple_spread_v3, at
+that baseline's config (a yaml of a JaxMARL checkout): algorithms/ippo.py beside baselines/IPPO/ippo_ff_mpe.py,
+algorithms/pqn_vdn.py beside baselines/QLearning/pqn_vdn_ff.py (BASELINES).
 
-    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL                       # 4 seeds, 2e6 steps, 1 pair
-    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --seeds 4 --total-timesteps 2e6 --pairs 3
+    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL                       # ippo.py: 4 seeds, 2e6 steps
+    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn --pairs 2     # 4 seeds, 1e6
 
 What it measures, each side in a fresh process with an empty JAX compile cache (JAX_COMPILATION_CACHE_DIR a
 new temporary directory, as bench_parity.py does):
-  - ours: as bench_rejax.py times ours, in-process through this script's --worker (not ippo.py's command
+  - ours: as bench_rejax.py times ours, in-process through this script's --worker (not the file's command
     line, whose harness spreads seeds over the CPU devices it splits the host into): `jax.jit(jax.vmap(train))`
-    of ippo.py's make_train at the yaml's hyperparameters (each field mapped to a Config field, YAML_TO_OURS),
+    of the file's make_train at the yaml's hyperparameters (each key mapped to a Config field, Baseline.fields),
     after the harness's XLA flags (xla.configure()), on one device; compile_s = lower + compile, run_s the
     compiled call, steps/s = env steps of all seeds / run_s. final return: per seed, the mean return of the
     episodes that ended in the last 5% of updates (the harness's final_returns), per agent (the agents' mean
@@ -16,10 +17,10 @@ new temporary directory, as bench_parity.py does):
   - JaxMARL: benchmarks/peers/jaxmarl_driver.py, its unmodified file and yaml, timed the same way; its final
     return is, per seed, the mean over the last 5% of updates of the `returned_episode_returns` the file logs
     through wandb.log (MPELogWrapper's: the sum over agents of each env's last finished episode's returns),
-    divided by the number of agents.
+    divided by the number of agents; pqn_vdn_ff.py's greedy test, which it runs every 5% of updates, likewise.
 Each pair runs one process of each side, the order alternating between pairs (ours first in the first);
-ratios ours / JaxMARL are taken within a pair, then the median over pairs. Results: marl_<backend>.md and a
-.jsonl of every measurement (appended), under --out (default benchmarks/results).
+ratios ours / JaxMARL are taken within a pair, then the median over pairs. Results: marl_<algorithm>_<backend>.md
+and a .jsonl of every measurement (appended), under --out (default benchmarks/results).
 """
 
 import argparse
@@ -29,72 +30,118 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 from common import ROOT, describe, load_algorithm, machine, run_result, stats, write_markdown, xla
 
 PEERS = os.path.join(ROOT, "benchmarks", "peers")
 PEER_DRIVER = os.path.join(PEERS, "jaxmarl_driver.py")
-CONFIG_PATH = os.path.join("baselines", "IPPO", "config", "ippo_ff_mpe.yaml")
-YAML_TO_OURS = {  # the yaml's keys, as ippo.py's Config fields
-    "ENV_NAME": "env_name",
-    "LR": "lr",
-    "NUM_ENVS": "num_envs",
-    "NUM_STEPS": "num_steps",
-    "TOTAL_TIMESTEPS": "total_timesteps",
-    "UPDATE_EPOCHS": "update_epochs",
-    "NUM_MINIBATCHES": "num_minibatches",
-    "GAMMA": "gamma",
-    "GAE_LAMBDA": "gae_lambda",
-    "CLIP_EPS": "clip_eps",
-    "ENT_COEF": "ent_coef",
-    "VF_COEF": "vf_coef",
-    "MAX_GRAD_NORM": "max_grad_norm",
-    "ACTIVATION": "activation",
-    "ANNEAL_LR": "anneal_lr",
+
+
+class Baseline(NamedTuple):
+    name: str  # the driver's name for it (jaxmarl_driver.BASELINES)
+    source: str  # its file, in the checkout
+    config: str  # its yaml, in the checkout
+    fields: dict  # the yaml's keys, as the file's Config fields
+    fixed: dict  # yaml keys the file has no field for, with the value it does what they say at
+    total_timesteps: float  # --total-timesteps' default: the file's default run
+    differences: list  # how the two differ, and where they are alike
+
+
+NOT_HYPERPARAMETERS = {"SEED", "NUM_SEEDS", "ENTITY", "PROJECT", "WANDB_MODE", "ENV_KWARGS"}  # seeds are set here
+INTEGERS = {"num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches", "hidden_size", "num_layers"}
+FINAL_RETURN = (
+    "the final return: ours averages the episodes that ended in the last 5% of updates; JaxMARL's logged figure "
+    "averages, over every step of those updates, each env's last finished episode (lagging by up to one episode), "
+    "and sums over agents (MPELogWrapper multiplies each reward by the number of agents), so it is divided by the "
+    "number of agents here"
+)
+TIME_LIMIT = (
+    "episode ends: MPE's only end is its time limit (max_steps); JaxMARL's {targets} treats it as a termination "
+    "(done zeroes the bootstrap value), {file} bootstraps through it from {value} of the true last observation"
+)
+BASELINES = {
+    "ippo": Baseline(
+        name="ippo_ff_mpe",
+        source="baselines/IPPO/ippo_ff_mpe.py",
+        config=os.path.join("baselines", "IPPO", "config", "ippo_ff_mpe.yaml"),
+        fields={
+            **{key: key.lower() for key in ("ENV_NAME", "LR", "NUM_ENVS", "NUM_STEPS", "TOTAL_TIMESTEPS")},
+            **{key: key.lower() for key in ("UPDATE_EPOCHS", "NUM_MINIBATCHES", "GAMMA", "GAE_LAMBDA", "CLIP_EPS")},
+            **{key: key.lower() for key in ("ENT_COEF", "VF_COEF", "MAX_GRAD_NORM", "ACTIVATION", "ANNEAL_LR")},
+        },
+        fixed={},
+        total_timesteps=2e6,
+        differences=[
+            TIME_LIMIT.format(targets="GAE", file="ippo.py", value="V"),
+            "the learning-rate anneal: JaxMARL's falls once per update (count // (minibatches * epochs)), ippo.py's "
+            "at every gradient step",
+            FINAL_RETURN,
+            "the network, the losses (clipped surrogate, clipped value loss, per-minibatch advantage normalisation), "
+            "the optimiser (one Adam over actor and critic, global-norm clip) and the per-agent rewards are alike",
+        ],
+    ),
+    "pqn_vdn": Baseline(
+        name="pqn_vdn_ff_mpe",
+        source="baselines/QLearning/pqn_vdn_ff.py",
+        config=os.path.join("baselines", "QLearning", "config", "alg", "pqn_vdn_ff_mpe.yaml"),
+        fields={
+            **{key: key.lower() for key in ("ENV_NAME", "LR", "NUM_ENVS", "NUM_STEPS", "TOTAL_TIMESTEPS")},
+            **{key: key.lower() for key in ("HIDDEN_SIZE", "NUM_LAYERS", "NUM_MINIBATCHES", "GAMMA", "EPS_START")},
+            **dict(MAX_GRAD_NORM="max_grad_norm", EPS_FINISH="eps_end", EPS_DECAY="eps_fraction"),
+            **dict(NUM_EPOCHS="update_epochs", LR_LINEAR_DECAY="anneal_lr", LAMBDA="q_lambda"),
+        },
+        # Its greedy tests during training (TEST_*) are evaluation, not hyperparameters; ours evaluates after.
+        fixed=dict(MEMORY_WINDOW=0, NORM_INPUTS=False, NORM_TYPE="layer_norm", TEST_DURING_TRAINING=True)
+        | dict(TEST_INTERVAL=0.05, TEST_NUM_STEPS=30, TEST_NUM_ENVS=512, HYP_TUNE=False, SAVE_PATH="models")
+        | dict(WANDB_LOG_ALL_SEEDS=False),
+        total_timesteps=1e6,
+        differences=[
+            TIME_LIMIT.format(targets="Q(lambda) targets", file="pqn_vdn.py", value="Q_tot"),
+            "the optimiser: JaxMARL's RAdam, pqn_vdn.py's Adam (pqn.py's), each after a global-norm clip",
+            "JaxMARL's run includes its greedy tests (512 envs x 30 steps every 5% of updates: about 300,000 env "
+            "steps per 1M, not counted in its env steps/s); pqn_vdn.py's greedy evaluation runs after training, "
+            "untimed",
+            FINAL_RETURN,
+            "the team's reward (the sum of the agents' rewards), Q_tot (the sum of the agents' Q-values), the "
+            "network (shared by the agents, their one-hot ids appended, LayerNorm after each hidden layer) and "
+            "epsilon-greedy exploration per agent on an epsilon falling by update are alike",
+        ],
+    ),
 }
-NOT_HYPERPARAMETERS = {"SEED", "NUM_SEEDS", "ENTITY", "PROJECT", "WANDB_MODE"}  # seeds are set here; wandb unused
-INTEGERS = {"num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches"}
-DIFFERENCES = [
-    "episode ends: MPE's only end is its time limit (max_steps); JaxMARL's GAE treats it as a termination "
-    "(done zeroes the bootstrap value), ippo.py bootstraps through it from V of the true last observation",
-    "the learning-rate anneal: JaxMARL's falls once per update (count // (minibatches * epochs)), ippo.py's at "
-    "every gradient step",
-    "the final return: ippo.py averages the episodes that ended in the last 5% of updates; JaxMARL's logged "
-    "figure averages, over every step of those updates, each env's last finished episode (lagging by up to one "
-    "episode), and sums over agents (MPELogWrapper multiplies each reward by the number of agents), so it is "
-    "divided by the number of agents here",
-    "the network, the losses (clipped surrogate, clipped value loss, per-minibatch advantage normalisation), "
-    "the optimiser (one Adam over actor and critic, global-norm clip) and the per-agent rewards are alike",
-]
 
 
-def jaxmarl_config(jaxmarl: str) -> dict:
+def jaxmarl_config(jaxmarl: str, baseline: Baseline) -> dict:
     """The baseline's yaml as the driver reads it."""
     sys.path.insert(0, PEERS)
     from jaxmarl_driver import yaml_config
 
-    return yaml_config(os.path.join(jaxmarl, CONFIG_PATH))
+    return yaml_config(os.path.join(jaxmarl, baseline.config))
 
 
-def our_config(jaxmarl: str, total_timesteps: float, seeds: int) -> dict:
-    """ippo.py's Config fields for the yaml, at --total-timesteps; refuses a yaml key it cannot map."""
-    yaml = jaxmarl_config(jaxmarl)
-    unmapped = set(yaml) - set(YAML_TO_OURS) - NOT_HYPERPARAMETERS - {"ENV_KWARGS"}
+def our_config(jaxmarl: str, algorithm: str, total_timesteps: float, seeds: int) -> dict:
+    """The file's Config fields for the yaml, at --total-timesteps; refuses a yaml key it cannot map, and a value
+    of a key it has no field for that is not the one it does what that key says at."""
+    baseline = BASELINES[algorithm]
+    yaml = jaxmarl_config(jaxmarl, baseline)
+    unmapped = set(yaml) - set(baseline.fields) - NOT_HYPERPARAMETERS - set(baseline.fixed)
+    unmapped |= {key for key, value in baseline.fixed.items() if yaml.get(key, value) != value}
     if unmapped or yaml.get("ENV_KWARGS"):
-        raise SystemExit(f"{CONFIG_PATH}: no Config field of ippo.py for {sorted(unmapped) or 'ENV_KWARGS'}")
-    fields = {ours: yaml[key] for key, ours in YAML_TO_OURS.items() if key in yaml}
+        where = f"{baseline.config}: no Config field of {algorithm}.py"
+        raise SystemExit(f"{where} for {sorted(unmapped) or 'ENV_KWARGS'} at the yaml's values")
+    fields = {ours: yaml[key] for key, ours in baseline.fields.items() if key in yaml}
     fields |= dict(total_timesteps=total_timesteps, num_seeds=seeds)
     return {k: int(v) if k in INTEGERS else v for k, v in fields.items()}
 
 
-def worker(jaxmarl: str, total_timesteps: float, seeds: int) -> None:
+def worker(jaxmarl: str, algorithm: str, total_timesteps: float, seeds: int) -> None:
     """Times our train as one jitted call on one device, as the peer driver times JaxMARL's."""
-    module = load_algorithm("ippo")
+    module = load_algorithm(algorithm)
     xla.configure()  # the XLA flags the command line sets, before any JAX computation
     import jax
     import numpy as np
 
-    config = module.Config(**our_config(jaxmarl, total_timesteps, seeds))
+    config = module.Config(**our_config(jaxmarl, algorithm, total_timesteps, seeds))
     keys = jax.random.split(jax.random.PRNGKey(0), seeds)
     train = module.make_train(config)
     start = time.perf_counter()
@@ -111,7 +158,7 @@ def worker(jaxmarl: str, total_timesteps: float, seeds: int) -> None:
         "RESULT "
         + json.dumps(
             {
-                "bench": "ours_ippo",
+                "bench": f"ours_{algorithm}",
                 "env": config.env_name,
                 "num_seeds": seeds,
                 "total_timesteps": config.total_timesteps,
@@ -134,30 +181,32 @@ def worker(jaxmarl: str, total_timesteps: float, seeds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jaxmarl", metavar="PATH", help="root of a JaxMARL checkout (for baselines/IPPO)")
+    parser.add_argument("--jaxmarl", metavar="PATH", help="root of a JaxMARL checkout (for its baselines/)")
+    parser.add_argument("--algorithm", choices=sorted(BASELINES), default="ippo", help="our file (BASELINES)")
     parser.add_argument("--seeds", type=int, default=4, help="vmapped seeds per measurement")
-    parser.add_argument("--total-timesteps", type=float, default=2e6, help="env steps per seed (yaml: 1e7)")
+    parser.add_argument("--total-timesteps", type=float, help="env steps per seed (default: the file's default)")
     parser.add_argument("--pairs", type=int, default=1, help="pairs of processes, the order alternating")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     parser.add_argument("--peer-python", default=sys.executable, help="interpreter with jaxmarl installed")
     parser.add_argument("--worker", action="store_true", help="internal: time ours and print RESULT")
     args = parser.parse_args()
-    if not args.jaxmarl or not os.path.isfile(os.path.join(args.jaxmarl, CONFIG_PATH)):
-        parser.error(f"--jaxmarl PATH: the root of a JaxMARL checkout (with {CONFIG_PATH})")
-    jaxmarl = os.path.abspath(args.jaxmarl)
+    baseline = BASELINES[args.algorithm]
+    if not args.jaxmarl or not os.path.isfile(os.path.join(args.jaxmarl, baseline.config)):
+        parser.error(f"--jaxmarl PATH: the root of a JaxMARL checkout (with {baseline.config})")
+    jaxmarl, steps = os.path.abspath(args.jaxmarl), args.total_timesteps or baseline.total_timesteps
     if args.worker:
-        return worker(jaxmarl, args.total_timesteps, args.seeds)
-    config = our_config(jaxmarl, args.total_timesteps, args.seeds)  # refuses an unmappable yaml before running
+        return worker(jaxmarl, args.algorithm, steps, args.seeds)
+    config = our_config(jaxmarl, args.algorithm, steps, args.seeds)  # refuses an unmappable yaml before running
 
     where = machine()
     os.makedirs(args.out, exist_ok=True)
-    raw_path = os.path.join(args.out, f"marl_{where['backend']}.jsonl")
+    raw_path = os.path.join(args.out, f"marl_{args.algorithm}_{where['backend']}.jsonl")
     records = []
     for index in range(args.pairs):
         ours = [sys.executable, os.path.abspath(__file__), "--worker", "--jaxmarl", jaxmarl]
-        ours += ["--seeds", str(args.seeds), "--total-timesteps", repr(args.total_timesteps)]
-        peer = [args.peer_python, PEER_DRIVER, "ippo_ff_mpe", "--jaxmarl", jaxmarl]
-        peer += ["--seeds", str(args.seeds), "--total-timesteps", repr(args.total_timesteps)]
+        ours += ["--algorithm", args.algorithm, "--seeds", str(args.seeds), "--total-timesteps", repr(steps)]
+        peer = [args.peer_python, PEER_DRIVER, baseline.name, "--jaxmarl", jaxmarl]
+        peer += ["--seeds", str(args.seeds), "--total-timesteps", repr(steps)]
         jobs = [("ours", ours), ("jaxmarl", peer)][:: -1 if index % 2 else 1]
         for side, command in jobs:
             load_before = os.getloadavg()[0]
@@ -185,57 +234,57 @@ def main() -> None:
                 f"(load {load_before:.1f})",
                 flush=True,
             )
-    write_table(records, config, where, os.path.join(args.out, f"marl_{where['backend']}.md"), raw_path)
+    path = os.path.join(args.out, f"marl_{args.algorithm}_{where['backend']}.md")
+    write_table(records, args.algorithm, config, where, path, raw_path)
 
 
-def write_table(records: list, config: dict, where: dict, path: str, raw_path: str) -> None:
+def write_table(records: list, algorithm: str, config: dict, where: dict, path: str, raw_path: str) -> None:
     fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
     med = lambda rs, k: statistics.median(r[k] for r in rs if r.get(k) is not None) if rs else None  # noqa: E731
     runs = {side: [r for r in records if r["side"] == side] for side in ("ours", "jaxmarl")}
     pairs = [(o, t) for o in runs["ours"] for t in runs["jaxmarl"] if o["pair"] == t["pair"]]
     ratio = lambda k: statistics.median(o[k] / t[k] for o, t in pairs) if pairs else None  # noqa: E731
     peer = runs["jaxmarl"][0] if runs["jaxmarl"] else {}
-    commit = peer.get("jaxmarl_commit")
+    commit, baseline = peer.get("jaxmarl_commit"), BASELINES[algorithm]
+    file = os.path.basename(baseline.source)
     version = (
         f"commit {commit}"
         if commit
-        else f"commit unknown (the clone is no git checkout; ippo_ff_mpe.py is git blob {peer.get('baseline_blob')})"
+        else f"commit unknown (the clone is no git checkout; {file} is git blob {peer.get('baseline_blob')})"
         if peer
         else "no JaxMARL measurement"
     )
     shown = ", ".join(f"{k} {v}" for k, v in config.items() if k not in ("num_seeds", "total_timesteps"))
     lines = [
-        "# ippo.py against JaxMARL's IPPO (ippo_ff_mpe.py) on MPE_simple_spread_v3",
+        f"# {algorithm}.py against JaxMARL's {file} on MPE_simple_spread_v3",
         "",
         f"{describe(where)}. Written by `benchmarks/bench_marl.py`; each measurement is a fresh process with an "
         f"empty compile cache. Every measurement: `{os.path.basename(raw_path)}`.",
         "",
-        f"Both at JaxMARL's own config (`baselines/IPPO/config/ippo_ff_mpe.yaml`, JaxMARL {version}): {shown}; "
+        f"Both at JaxMARL's own config (`{baseline.config}`, JaxMARL {version}): {shown}; "
         f"{config['total_timesteps']:,} env steps per seed (the yaml's 1e7 overridden), {config['num_seeds']} "
         "seeds vmapped in one `jax.jit(jax.vmap(train))` call, compile (lower + compile) and run timed apart. "
-        "Ours: ippo.py's make_train in this script's worker, after the harness's XLA flags, on one device. "
-        "JaxMARL: `benchmarks/peers/jaxmarl_driver.py` (the unmodified file; its per-update "
-        "`io_callback(wandb.log)` runs, into a stand-in that records what it logs). env steps/s: env steps of all "
+        f"Ours: {algorithm}.py's make_train in this script's worker, after the harness's XLA flags, on one device. "
+        "JaxMARL: `benchmarks/peers/jaxmarl_driver.py` (the unmodified file; its per-update callback to "
+        "`wandb.log` runs, into a stand-in that records what it logs). env steps/s: env steps of all "
         "seeds per second of the compiled run. Final return per agent (the agents' mean reward summed over an "
         "episode), mean ± std over seeds: ours, the episodes that ended in the last 5% of updates; JaxMARL, its "
         "logged `returned_episode_returns` (the sum over agents) over the last 5% of updates, divided by the "
-        "number of agents. Greedy eval (ours): 16 episodes after training. Medians over pairs; each ratio is "
+        "number of agents. Greedy eval: ours, 16 episodes after training; JaxMARL's (where it runs one), its last "
+        "greedy test during training (episodes of 512 envs), per agent. Medians over pairs; each ratio is "
         "ours / JaxMARL within one pair (order alternating). Load: the 1-minute load average before each "
         "measurement.",
-        "",
-        "JaxMARL's MPE episode end is a time limit, which JaxMARL treats as a termination while ippo.py "
-        "bootstraps through it.",
         "",
         "| side | seeds | env steps per seed | final return per agent | greedy eval | env steps/s | compile s | load |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for side, name in (("ours", "ippo.py"), ("jaxmarl", "JaxMARL ippo_ff_mpe.py")):
+    for side, name in (("ours", f"{algorithm}.py"), ("jaxmarl", f"JaxMARL {file}")):
         rs = runs[side]
         loads = [r["load_1min_before"] for r in rs]
         lines.append(
             f"| {name} | {rs[0]['num_seeds'] if rs else '–'} | {fmt(rs[0]['env_steps_per_seed'] if rs else None, ',')}"
             f" | {fmt(med(rs, 'final_return_mean'), '.2f')} ± {fmt(med(rs, 'final_return_std'), '.2f')} | "
-            f"{fmt(med(rs, 'eval_return_mean') if side == 'ours' else None, '.2f')} | "
+            f"{fmt(med(rs, 'eval_return_mean'), '.2f')} | "
             f"{fmt(med(rs, 'steps_per_s'), ',.0f')} | {fmt(med(rs, 'compile_s'), '.1f')} | "
             f"{fmt(min(loads) if loads else None, '.1f')} to {fmt(max(loads) if loads else None, '.1f')} |"
         )
@@ -243,7 +292,7 @@ def write_table(records: list, config: dict, where: dict, path: str, raw_path: s
         f"| ours / JaxMARL ({len(pairs)} pair(s)) | | | | | {fmt(ratio('steps_per_s'), '.2f')}x | "
         f"{fmt(ratio('compile_s'), '.2f')}x | |"
     )
-    lines += ["", "How the two differ, and where they are alike:", ""] + [f"- {item}" for item in DIFFERENCES]
+    lines += ["", "How the two differ, and where they are alike:", ""] + [f"- {item}" for item in baseline.differences]
     write_markdown(path, lines)
 
 

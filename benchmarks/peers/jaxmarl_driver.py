@@ -1,13 +1,15 @@
-"""Times JaxMARL's own IPPO baseline, baselines/IPPO/ippo_ff_mpe.py, at its own config
-(baselines/IPPO/config/ippo_ff_mpe.yaml: MPE_simple_spread_v3), as bench_marl.py times algorithms/ippo.py.
+"""Times JaxMARL's own baselines at their own configs on MPE_simple_spread_v3, as bench_marl.py times our files:
+IPPO (baselines/IPPO/ippo_ff_mpe.py, config/ippo_ff_mpe.yaml) and PQN-VDN (baselines/QLearning/pqn_vdn_ff.py,
+config/alg/pqn_vdn_ff_mpe.yaml).
 
     python benchmarks/peers/jaxmarl_driver.py ippo_ff_mpe --jaxmarl /path/to/JaxMARL --seeds 4 --total-timesteps 2e6
+    python benchmarks/peers/jaxmarl_driver.py pqn_vdn_ff_mpe --jaxmarl /path/to/JaxMARL --seeds 4 --total-timesteps 1e6
 
 --jaxmarl is the root of a clone of https://github.com/FLAIROx/JaxMARL (its baselines/ are not in the pip
 package; the environments and wrappers come from the installed `jaxmarl`, 0.2.0). The driver imports
-`make_train` from the clone's unmodified baselines/IPPO/ippo_ff_mpe.py and reads the config from its
-unmodified config/ippo_ff_mpe.yaml (with PyYAML when installed, else the small parser below; a number
-PyYAML leaves a string, as `1e7`, is read as the number OmegaConf reads). Changes to that config:
+`make_train` from the clone's unmodified baseline file and reads the config from its unmodified yaml
+(with PyYAML when installed, else the small parser below; a number PyYAML leaves a string, as `1e7`, is
+read as the number OmegaConf reads). Changes to that config:
 --total-timesteps, --set KEY=VALUE, and SEED / NUM_SEEDS set to what runs (main() reads them,
 make_train does not); the RESULT line lists them.
 
@@ -16,8 +18,10 @@ Timing, one configuration per process, as purejaxrl_driver.py times PureJAXRL:
   run_s       = the compiled call until jax.block_until_ready
   steps_per_s = env steps of all seeds / run_s, env steps = TOTAL_TIMESTEPS rounded down to whole
                 updates of NUM_ENVS * NUM_STEPS (make_train's NUM_UPDATES), per seed
-The run includes ippo_ff_mpe.py's `jax.experimental.io_callback(wandb.log, ...)` of every update,
-host round trips that are part of JaxMARL's program as written (here wandb.log is the stand-in's).
+The run includes ippo_ff_mpe.py's `jax.experimental.io_callback(wandb.log, ...)` of every update (pqn_vdn_ff.py's
+`jax.debug.callback`, which it makes only when WANDB_MODE is not "disabled": set to "online" here), host round trips
+that are part of JaxMARL's program as written (here wandb.log is the stand-in's). pqn_vdn_ff.py's run also includes
+its greedy tests (TEST_DURING_TRAINING: 512 envs for 30 steps every 5% of updates), not counted in env steps.
 
 Returns, from what JaxMARL itself logs. Every update the file passes `metric` to wandb.log: the
 rollout's info averaged over its steps and actors (agents x envs), and loss figures. Its
@@ -26,11 +30,13 @@ the env's last finished episode with every reward multiplied by the number of ag
 on-policy codebase"), so the average over agents is the SUM over agents of their returns. The
 per-agent return ippo.py reports (the agents' mean reward summed over an episode) is that figure
 divided by the number of agents. final_return_per_seed: per seed, the mean over the last 5% of
-updates of logged returned_episode_returns / num_agents; final_return_mean / _std: over seeds.
+updates of logged returned_episode_returns / num_agents; final_return_mean / _std: over seeds. pqn_vdn_ff.py
+also logs its latest greedy test's `test_returned_episode_returns` (the same sum over agents): eval_return_mean is
+the last update's, per agent, averaged over seeds.
 (ippo.py's final return is the mean of the episodes that ended in the last 5% of updates; JaxMARL's
 figure averages, over every step of those updates, each env's last finished episode, which lags by
 up to one episode.) The logged values are checked against the `metrics` make_train
-returns (`callback_matches_metrics`).
+returns (`callback_matches_metrics`; pqn_vdn_ff.py returns none: null).
 
 io_callback under vmap: jax (0.10) batches an unordered io_callback sequentially, so the stand-in's
 log is called once per seed per update with that seed's scalars (not once with [seeds] arrays);
@@ -48,6 +54,7 @@ Prints one line `RESULT {json}`.
 
 import argparse
 import ast
+import copy
 import importlib
 import importlib.util
 import json
@@ -62,7 +69,10 @@ from stand_ins import stand_in
 from xla_setup import set_xla_flags
 
 FINAL_FRACTION = 0.05
-BASELINES = {"ippo_ff_mpe": ("baselines/IPPO/ippo_ff_mpe.py", "baselines/IPPO/config/ippo_ff_mpe.yaml")}
+BASELINES = {
+    "ippo_ff_mpe": ("baselines/IPPO/ippo_ff_mpe.py", "baselines/IPPO/config/ippo_ff_mpe.yaml"),
+    "pqn_vdn_ff_mpe": ("baselines/QLearning/pqn_vdn_ff.py", "baselines/QLearning/config/alg/pqn_vdn_ff_mpe.yaml"),
+}
 NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
 
 
@@ -206,13 +216,20 @@ def main() -> None:
             pass
         config[key] = value
     config["SEED"], config["NUM_SEEDS"] = args.seed, args.seeds  # main() reads them; make_train does not
+    q_learning = args.baseline.startswith("pqn_vdn")
+    if q_learning:
+        config["WANDB_MODE"] = "online"  # its callback to wandb.log (the stand-in's) is made only then
     changed = {k: v for k, v in config.items() if k not in defaults or defaults[k] != v}
 
     keys = jax.random.split(jax.random.PRNGKey(args.seed), args.seeds)
     made = dict(config)
-    train = module.make_train(made)  # make_train adds NUM_ACTORS, NUM_UPDATES, MINIBATCH_SIZE to the dict
+    if q_learning:  # make_train(config, env), the env as its single_run makes it (MPELogWrapper for MPE)
+        env = module.env_from_config(copy.deepcopy(made))[0]
+        train, num_agents = module.make_train(made, env), env.num_agents  # make_train adds NUM_UPDATES
+    else:
+        train = module.make_train(made)  # make_train adds NUM_ACTORS, NUM_UPDATES, MINIBATCH_SIZE to the dict
+        num_agents = made["NUM_ACTORS"] // made["NUM_ENVS"]
     updates = int(made["NUM_UPDATES"])
-    num_agents = made["NUM_ACTORS"] // made["NUM_ENVS"]
     steps_per_seed = updates * made["NUM_ENVS"] * made["NUM_STEPS"]
     start = time.perf_counter()
     lowered = jax.jit(jax.vmap(train)).lower(keys)
@@ -223,7 +240,8 @@ def main() -> None:
     run_s = time.perf_counter() - compiled_at
 
     logged_returns = logged_per_seed(logged, args.seeds, updates, "returned_episode_returns")
-    returned = np.asarray(out["metrics"]["returned_episode_returns"])  # [seeds, updates]
+    returned = None if q_learning else np.asarray(out["metrics"]["returned_episode_returns"])  # [seeds, updates]
+    tests = logged_per_seed(logged, args.seeds, updates, "test_returned_episode_returns") if q_learning else None
     per_agent = logged_returns / num_agents  # MPELogWrapper's figure is the sum over agents
     last = max(1, int(np.ceil(updates * FINAL_FRACTION)))
     final = per_agent[:, -last:].mean(axis=1)
@@ -244,9 +262,12 @@ def main() -> None:
         "final_return_per_seed": [float(x) for x in final],
         "final_logged_return_mean": float(np.mean(logged_returns[:, -last:])),  # JaxMARL's figure (sum over agents)
         "final_updates": last,
+        "eval_return_mean": None if tests is None else float(np.mean(tests[:, -1]) / num_agents),
         "callback_calls": len(logged),
         "callback_shapes": sorted({str(np.shape(r["returned_episode_returns"])) for r in logged}),
-        "callback_matches_metrics": bool(np.allclose(logged_returns, returned, rtol=1e-6, atol=1e-6)),
+        "callback_matches_metrics": None
+        if returned is None
+        else bool(np.allclose(logged_returns, returned, rtol=1e-6, atol=1e-6)),
         "config_changes": {k: repr(v) for k, v in changed.items()},
         "adapters": adapters,
         "jaxmarl_commit": checkout_commit(source),
