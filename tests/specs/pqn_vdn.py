@@ -21,4 +21,7 @@ SPEC = dataclasses.replace(
     greedy_target=-24.0,
     **{field: getattr(ippo.SPEC, field) for field in ("multi_agent", "wrong_action_env", "env", "return_range")},
     obs_dim=ippo.SPEC.obs_dim + 3,  # the first layer reads an agent's observation and its one-hot id (3 agents)
+    # Its Runner and HParams are pqn.py's (its multi-agent episodes go through ippo.py's runs): the fast loop and the
+    # harness-only tests leave them to pqn.py (conftest.BUILT_FROM).
+    built_from="pqn",
 )
