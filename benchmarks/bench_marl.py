@@ -97,7 +97,7 @@ BASELINES = {
         | dict(WANDB_LOG_ALL_SEEDS=False),
         total_timesteps=1e6,
         differences=[
-            TIME_LIMIT.format(targets="Q(lambda) targets", file="pqn_vdn.py", value="Q_tot"),
+            TIME_LIMIT.format(targets="Q(lambda) recursion", file="pqn_vdn.py", value="Q_tot"),
             "the optimiser: JaxMARL's RAdam, pqn_vdn.py's Adam (pqn.py's), each after a global-norm clip",
             "JaxMARL's run includes its greedy tests (512 envs x 30 steps every 5% of updates: about 300,000 env "
             "steps per 1M, not counted in its env steps/s); pqn_vdn.py's greedy evaluation runs after training, "
