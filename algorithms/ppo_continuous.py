@@ -350,6 +350,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     networks, to_env = make_networks(config, env.action_dim, env.obs_shape), action_map(config, env)
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
+    @jax.custom_batching.sequential_vmap  # seeds in turn: vmapped, orthogonal init's QRs can deadlock XLA's CPU pool
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, actor_key, critic_key, env_key = jax.random.split(rng, 4)

@@ -427,6 +427,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     network = networks.actor_critic
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
+    @jax.custom_batching.sequential_vmap  # seeds in turn: vmapped, orthogonal init's QRs can deadlock XLA's CPU pool
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, params_key, env_key = jax.random.split(rng, 3)

@@ -334,6 +334,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     T, N = config.num_steps, config.num_envs
     max_grad_steps = -(-N // config.train_frequency)  # the most one vectorized step can owe (usually 0 or 1 are due)
 
+    @jax.custom_batching.sequential_vmap  # seeds in turn: vmapped, orthogonal init's QRs can deadlock XLA's CPU pool
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, params_key, env_key = jax.random.split(rng, 3)

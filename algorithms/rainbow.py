@@ -3,9 +3,8 @@
 c51.py's distributional Q-network and projected target, with the five other parts, each a switch of the command line:
 n-step returns (--n-step 1: one step), proportional prioritised replay with importance weights (--no-prioritized:
 c51.py's uniform sampling), a dueling head (--no-dueling), factorised Gaussian noisy layers that explore once epsilon
-is 0 after the first tenth (--no-noisy: give --eps-end), and double Q-learning (--no-double-dqn). The whole run (acting,
-replay-buffer writes, gradient steps and target updates at their env-step intervals) is one jitted function; seeds,
-and sweep points of the float hyperparameters in HParams, are vmapped into one program, each with its own buffer:
+is 0 after the first tenth (--no-noisy: give --eps-end), and double Q-learning (--no-double-dqn). The whole run is one
+jitted function; seeds, and sweep points of the floats in HParams, are vmapped into one program, each with its buffer:
 
     train = make_train(Config(env_name="CartPole-v1"))
     runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
@@ -438,6 +437,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     network, T, N = networks.q, config.num_steps, config.num_envs
     max_grad_steps = -(-N // config.train_frequency)  # the most one vectorized step can owe (usually 0 or 1 are due)
 
+    @jax.custom_batching.sequential_vmap  # seeds in turn: vmapped, orthogonal init's QRs can deadlock XLA's CPU pool
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, params_key, env_key = jax.random.split(rng, 3)

@@ -301,6 +301,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     networks, scale = make_networks(config, env.action_dim, env.obs_shape), action_scale(env)
     T, N, A = config.num_steps, config.num_envs, env.action_dim
 
+    @jax.custom_batching.sequential_vmap  # seeds in turn: vmapped, orthogonal init's QRs can deadlock XLA's CPU pool
     def init(rng: jax.Array, hparams: HParams | None = None) -> Runner:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, actor_key, critic_key, env_key = jax.random.split(rng, 4)

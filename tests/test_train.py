@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend.core import jaxprs_in_params
 from specs import COMMON_METRICS, SPECS
 
 from conftest import ALGORITHM_NAMES, SPECIFIED, _shared, load_algorithm
@@ -86,6 +87,22 @@ def test_same_key_same_result(single):
     for metric in metrics_a:
         np.testing.assert_array_equal(metrics_a[metric], metrics_b[metric], err_msg=metric)
     jax.tree.map(np.testing.assert_array_equal, runner_a, runner_b)
+
+
+def qr_operand_shapes(jaxpr) -> list:
+    """The operand shapes of every QR decomposition in a jaxpr, its loops' and calls' bodies included."""
+    shapes = [eqn.invars[0].aval.shape for eqn in jaxpr.eqns if eqn.primitive.name in ("qr", "geqrf")]
+    return shapes + [
+        shape for eqn in jaxpr.eqns for sub in jaxprs_in_params(eqn.params) for shape in qr_operand_shapes(sub)
+    ]
+
+
+def test_vmapped_init_decomposes_one_matrix_at_a_time(train, keys):
+    """Vmapped, flax's orthogonal init is a batched QR, which jaxlib splits over XLA's CPU thread pool while holding
+    one of its threads: two at once deadlocked pqn_vdn.py's default-size `jax.jit(jax.vmap(train))` on 2 cores (in 4
+    of 7 processes). `train.init` maps its seeds one at a time, so every QR it makes is of one matrix."""
+    shapes = qr_operand_shapes(jax.make_jaxpr(jax.vmap(jax.vmap(train.init)))(jnp.stack([keys, keys])).jaxpr)
+    assert all(len(shape) == 2 for shape in shapes), shapes
 
 
 # A value for every sweepable field that differs from the small configs' and acts within their few
