@@ -43,7 +43,7 @@ ACTIONS = "discrete"  # the action spaces this algorithm takes
 class Config:
     """Each field is a flag (`lr` is --lr), annotated with its help, then the rules its value satisfies."""
 
-    env_name: Annotated[str, "a JaxMARL env, discrete actions (jaxmarl.registered_envs)"] = "MPE_simple_spread_v3"
+    env_name: Annotated[str, "a JaxMARL env (jaxmarl.registered_envs, or SMAX-<map>)"] = "MPE_simple_spread_v3"
     total_timesteps: Annotated[int, "env steps per run (all envs together)", "total_timesteps < 2**31"] = 2_000_000
     num_envs: Annotated[int, "parallel environments per run", "0 < num_envs < 2**31"] = 16
     num_steps: Annotated[int, "steps per environment in each rollout", "0 < num_steps < 2**31"] = 128
@@ -158,13 +158,15 @@ class MLP(nn.Module):  # the actor's and the critic's towers: the same shape, di
     hidden_size: int
     num_layers: int
     activation: str
+    masked: bool = False  # observations end with out_dim legal-action flags (VecEnv.masks_actions): others are -1e9
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         act, x = getattr(nn, self.activation), Torso(self.network, self.obs_shape)(obs)  # nn.tanh or nn.relu
         for _ in range(self.num_layers):
             x = act(nn.Dense(self.hidden_size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
-        return nn.Dense(self.out_dim, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
+        out = nn.Dense(self.out_dim, kernel_init=nn.initializers.orthogonal(self.out_scale))(x)
+        return jnp.where(obs[..., -self.out_dim :] > 0, out, -1e9) if self.masked else out
 
 
 class Networks(NamedTuple):
@@ -172,14 +174,16 @@ class Networks(NamedTuple):
     critic: nn.Module  # an agent's global state (global_state) -> [1] value; params["critic"]
 
 
-def make_networks(config: Config, num_actions: int, obs_shape: tuple, num_agents: int = 1) -> Networks:
-    """Actor (small initial output: a near-uniform first policy) of one agent's observations of `obs_shape`, and
-    critic of the global state of `num_agents` agents' (an MLP: the observations flattened and joined)."""
+def make_networks(config: Config, num_actions: int, obs_shape: tuple, num_agents: int = 1, masked=False) -> Networks:
+    """Actor (small initial output: a near-uniform first policy; illegal actions' logits -1e9 where `masked`) of one
+    agent's observations of `obs_shape`, and critic of the global state of `num_agents` agents' (an MLP: the
+    observations flattened and joined)."""
     check_network(config.network, obs_shape)
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
     state_shape = (num_agents * (int(np.prod(obs_shape)) + 1),)
     critic = MLP(1, 1.0, **shape, network="mlp", obs_shape=state_shape)
-    return Networks(actor=MLP(num_actions, 0.01, **shape, network=config.network, obs_shape=obs_shape), critic=critic)
+    actor = MLP(num_actions, 0.01, **shape, network=config.network, obs_shape=obs_shape, masked=masked)
+    return Networks(actor=actor, critic=critic)
 
 
 def global_state(obs: jax.Array, obs_shape: tuple) -> jax.Array:
@@ -280,7 +284,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    networks = make_networks(config, env.num_actions, env.obs_shape, env.num_agents)
+    networks = make_networks(config, env.num_actions, env.obs_shape, env.num_agents, env.masks_actions)
     T, N, M, A = config.num_steps, config.num_envs, config.num_minibatches, env.num_agents
 
     @jax.custom_batching.sequential_vmap  # seeds in turn: vmapped, orthogonal init's QRs can deadlock XLA's CPU pool
@@ -365,7 +369,7 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     """`act(params, obs, key) -> actions` for one env's observations [num_agents, *obs_shape] (vmap it for a batch):
     each agent's most probable action under the shared actor, or (greedy=False) one drawn from its softmax."""
     env = env or VecEnv(config.env_name, 1)
-    networks = make_networks(config, env.num_actions, env.obs_shape, env.num_agents)
+    networks = make_networks(config, env.num_actions, env.obs_shape, env.num_agents, env.masks_actions)
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
         logits = networks.actor.apply(params["actor"], obs)
@@ -429,18 +433,32 @@ def import_jaxmarl():
     return jaxmarl
 
 
+SMAX_OPTIONS = dict(see_enemy_actions=True, walls_cause_death=True, attack_mode="closest")  # JaxMARL's baselines'
+
+
+def make_jaxmarl_env(jaxmarl, env_name: str):
+    """JaxMARL's env of that name; `SMAX-<map>` (SMAX-3m, SMAX-2s3z, ...: a map of smax.map_name_to_scenario) is
+    SMAX on that map against JaxMARL's heuristic enemy, with the options of JaxMARL's SMAX baselines."""
+    if not env_name.startswith("SMAX-"):
+        return jaxmarl.make(env_name)
+    scenario = jaxmarl.environments.smax.map_name_to_scenario(env_name.removeprefix("SMAX-"))
+    return jaxmarl.make("HeuristicEnemySMAX", scenario=scenario, **SMAX_OPTIONS)
+
+
 class VecEnv:
     """`num_envs` copies of a JaxMARL env (or `env`, one of your own) under `jax.vmap` of its `step_env`, reset here so
     an episode's last observations stay. Its agents are an axis: observations [num_envs, num_agents, *obs_shape],
     actions [num_envs, num_agents]. An episode ends for all its agents at once (dones["__all__"]), truncated where
-    the state's step count has reached the env's max_steps (its time limit: MPE's only end), else terminated."""
+    the state's step count has reached the env's max_steps (its time limit: MPE's only end), else terminated. Where
+    the env masks actions (SMAX, Hanabi), each agent's observation ends with its legal actions (1/0): `masks_actions`.
+    """
 
     def __init__(self, env_name: str, num_envs: int, env: Any = None):
         jaxmarl = import_jaxmarl()
-        ok = env is not None or env_name in jaxmarl.registered_envs
-        require(ok, f"--env-name {env_name!r} is not in jaxmarl.registered_envs")
+        ok = env is not None or env_name in jaxmarl.registered_envs or env_name.startswith("SMAX-")
+        require(ok, f"--env-name {env_name!r} is not in jaxmarl.registered_envs (nor SMAX-<map>, e.g. SMAX-3m)")
         try:  # a download without a network, a missing package, a factory that raises: refused in one line
-            self.env, self.params = jaxmarl.make(env_name) if env is None else env, None  # JaxMARL's has no params
+            self.env, self.params = make_jaxmarl_env(jaxmarl, env_name) if env is None else env, None  # none in JaxMARL
             agents, spaces = self.env.agents, [self.env.action_space(agent) for agent in self.env.agents]
             obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[0]  # one env's, per agent
             obs = [(obs[agent].shape, obs[agent].dtype) for agent in agents]
@@ -452,17 +470,33 @@ class VecEnv:
         alike = len({(*agent_obs, space.n) for agent_obs, space in zip(obs, spaces, strict=True)}) == 1
         require(alike, f"--env-name {env_name}: its agents' observations or actions differ; this file takes alike ones")
         own = type(self.env).get_avail_actions is not jaxmarl.environments.MultiAgentEnv.get_avail_actions
-        masks = own or hasattr(self.env, "get_legal_moves")  # Hanabi's name for them
-        require(not masks, f"--env-name {env_name} masks actions, which this file does not apply yet")
+        self.masks_actions = own or hasattr(self.env, "get_legal_moves")  # Hanabi's name for them
+        flat = len(obs[0][0]) == 1
+        require(flat or not self.masks_actions, f"--env-name {env_name}: masked actions need flat observations")
         self.num_envs, self.num_agents, self.num_actions = num_envs, len(agents), spaces[0].n
         self.action_shape = (self.num_agents,)  # one env's action: every agent's
-        self.obs_shape, self.obs_dtype = obs[0]  # one agent's observation
+        self.obs_shape, self.obs_dtype = obs[0]  # one agent's observation, with its legal actions where masked
+        self.obs_shape = (int(self.obs_shape[0]) + self.num_actions,) if self.masks_actions else self.obs_shape
         self.time_limit = getattr(self.env, "max_steps", 10**6)  # an episode ending at this step count is truncated
         self.max_episode_steps = self.time_limit + 1  # MPE's check reads the count before its step: one step more
 
     def reset(self, key: jax.Array):
         obs, state = jax.vmap(self.env.reset)(jax.random.split(key, self.num_envs))
-        return jnp.stack([obs[agent] for agent in self.env.agents], 1), state
+        return jax.vmap(self.observe)(obs, state), state
+
+    def observe(self, obs: dict, state: Any) -> jax.Array:
+        """One env's observations [num_agents, *obs_shape]: each agent's, then its legal actions where masked."""
+        obs = jnp.stack([obs[agent] for agent in self.env.agents])
+        if not self.masks_actions:
+            return obs
+        legal = getattr(self.env, "get_legal_moves", self.env.get_avail_actions)(state)
+        return jnp.concatenate([obs, jnp.stack([legal[agent] for agent in self.env.agents]).astype(obs.dtype)], -1)
+
+    @staticmethod
+    def step_count(state: Any) -> jax.Array:  # MPE's state.step; SMAX's in its enemy's wrapper, state.state.step
+        while not hasattr(state, "step") and hasattr(state, "state"):
+            state = state.state
+        return getattr(state, "step", -1)
 
     def step(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:
         action = action.reshape(self.num_envs, *self.action_shape)
@@ -472,11 +506,11 @@ class VecEnv:
         step_key, reset_key, actions = *jax.random.split(key), dict(zip(self.env.agents, action, strict=True))
         obs, state, reward, done, _ = self.env.step_env(step_key, state, actions)
         reset_obs, reset_state = self.env.reset(reset_key)
-        stack = lambda values: jnp.stack([values[agent] for agent in self.env.agents])  # noqa: E731
-        ended, truncated = done["__all__"], done["__all__"] & (getattr(state, "step", -1) >= self.time_limit)
+        ended, truncated = done["__all__"], done["__all__"] & (self.step_count(state) >= self.time_limit)
         next_state = jax.tree.map(lambda new, old: jnp.where(ended, new, old), reset_state, state)
-        next_obs, reward = jnp.where(ended, stack(reset_obs), stack(obs)), stack(reward).astype(jnp.float32)
-        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, stack(obs), reward)
+        obs, reward = self.observe(obs, state), jnp.stack([reward[agent] for agent in self.env.agents])
+        next_obs, reward = jnp.where(ended, self.observe(reset_obs, reset_state), obs), reward.astype(jnp.float32)
+        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, obs, reward)
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)

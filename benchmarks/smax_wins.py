@@ -1,0 +1,76 @@
+"""The win rate of a multi-agent file's SMAX runs: each seed's policy plays `--episodes` greedy episodes against
+the heuristic enemy; a battle is won when an episode's last reward holds SMAX's won-battle bonus (1 per agent).
+
+    python benchmarks/smax_wins.py runs/ippo-SMAX-3m-... [--episodes 64]
+"""
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import sys
+
+
+def load_file(run_dir: pathlib.Path):
+    name = json.loads((run_dir / "summary.json").read_text())["algorithm"]
+    path = pathlib.Path(__file__).resolve().parents[1] / "algorithms" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def win_rates(run_dir: pathlib.Path, episodes: int) -> list[float]:
+    module = load_file(run_dir)
+    module.configure_xla()
+    import jax
+    import jax.numpy as jnp
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    env, rates = None, []
+    for seed in range(summary["num_seeds"]):
+        config, params = module.load_run(str(run_dir), seed)
+        env = env or module.VecEnv(config.env_name, episodes)
+        act = jax.vmap(module.make_act(config, greedy=True, env=env), (None, 0, 0))
+
+        def play(key):  # every env's first episode: whether its last reward held the bonus
+            def step(carry, key):
+                obs, state, won, over = carry
+                action = act(params, obs, jax.random.split(key, episodes))
+                got = env.step(jax.random.fold_in(key, 1), state, action)
+                ended = (got.terminated | got.truncated) & ~over
+                return (got.obs, got.state, won | (ended & (got.reward >= 1.0)), over | ended), None
+
+            obs, state = env.reset(key)
+            start = (obs, state, jnp.zeros(episodes, bool), jnp.zeros(episodes, bool))
+            (_, _, won, over), _ = jax.lax.scan(step, start, jax.random.split(key, env.max_episode_steps))
+            return won.mean(), over.all()
+
+        rate, finished = jax.jit(play)(jax.random.PRNGKey(seed))
+        assert bool(finished), "an episode outlasted the time limit"
+        rates.append(float(rate))
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=pathlib.Path)
+    parser.add_argument("--episodes", type=int, default=64)
+    args = parser.parse_args()
+    rates = win_rates(args.run_dir, args.episodes)
+    mean = sum(rates) / len(rates)
+    print(
+        json.dumps(
+            {
+                "run_dir": str(args.run_dir),
+                "episodes_per_seed": args.episodes,
+                "win_rate_per_seed": rates,
+                "win_rate_mean": mean,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
