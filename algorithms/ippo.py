@@ -401,6 +401,7 @@ class EnvStep(NamedTuple):
     truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
     final_obs: jax.Array  # [num_envs, num_agents, *obs_shape] the true next observations, before auto-reset
     agent_reward: jax.Array  # [num_envs, num_agents] float32: each agent's own reward
+    final_world_state: jax.Array  # [num_envs, world_state_size] the env's global state before auto-reset (SMAX's)
 
 
 def import_jaxmarl():
@@ -444,8 +445,9 @@ class VecEnv:
         try:  # a download without a network, a missing package, a factory that raises: refused in one line
             self.env, self.params = make_jaxmarl_env(jaxmarl, env_name) if env is None else env, None  # none in JaxMARL
             agents, spaces = self.env.agents, [self.env.action_space(agent) for agent in self.env.agents]
-            obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[0]  # one env's, per agent
+            obs, state = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))  # one env's, per agent
             obs = [(obs[agent].shape, obs[agent].dtype) for agent in agents]
+            self.world_state_size = jax.eval_shape(self.world_state, state).size  # 0: the env has none
         except Exception as error:
             reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
             raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
@@ -476,6 +478,10 @@ class VecEnv:
         legal = getattr(self.env, "get_legal_moves", self.env.get_avail_actions)(state)
         return jnp.concatenate([obs, jnp.stack([legal[agent] for agent in self.env.agents]).astype(obs.dtype)], -1)
 
+    def world_state(self, state: Any) -> jax.Array:  # one env's global state (SMAX's world_state), else [0] features
+        world = getattr(self.env, "get_world_state", lambda state: jnp.zeros(0))
+        return world(state).reshape(-1).astype(jnp.float32)
+
     @staticmethod
     def step_count(state: Any) -> jax.Array:  # MPE's state.step; SMAX's in its enemy's wrapper, state.state.step
         while not hasattr(state, "step") and hasattr(state, "state"):
@@ -494,7 +500,8 @@ class VecEnv:
         next_state = jax.tree.map(lambda new, old: jnp.where(ended, new, old), reset_state, state)
         obs, reward = self.observe(obs, state), jnp.stack([reward[agent] for agent in self.env.agents])
         next_obs, reward = jnp.where(ended, self.observe(reset_obs, reset_state), obs), reward.astype(jnp.float32)
-        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, obs, reward)
+        final = self.world_state(state)
+        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, obs, reward, final)
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)

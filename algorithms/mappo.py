@@ -174,23 +174,28 @@ class Networks(NamedTuple):
     critic: nn.Module  # an agent's global state (global_state) -> [1] value; params["critic"]
 
 
-def make_networks(config: Config, num_actions: int, obs_shape: tuple, num_agents: int = 1, masked=False) -> Networks:
+def make_networks(
+    config: Config, num_actions: int, obs_shape: tuple, num_agents: int = 1, masked=False, world_state_size: int = 0
+) -> Networks:
     """Actor (small initial output: a near-uniform first policy; illegal actions' logits -1e9 where `masked`) of one
-    agent's observations of `obs_shape`, and critic of the global state of `num_agents` agents' (an MLP: the
-    observations flattened and joined)."""
+    agent's observations of `obs_shape`, and critic of the global state of `num_agents` agents' (an MLP: the env's
+    own of `world_state_size` features, or the observations flattened and joined; and the agent's id)."""
     check_network(config.network, obs_shape)
     shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
-    state_shape = (num_agents * (int(np.prod(obs_shape)) + 1),)
+    state_shape = ((world_state_size or num_agents * int(np.prod(obs_shape))) + num_agents,)
     critic = MLP(1, 1.0, **shape, network="mlp", obs_shape=state_shape)
     actor = MLP(num_actions, 0.01, **shape, network=config.network, obs_shape=obs_shape, masked=masked)
     return Networks(actor=actor, critic=critic)
 
 
-def global_state(obs: jax.Array, obs_shape: tuple) -> jax.Array:
-    """What each agent's critic reads, from one step's observations [..., A, *obs_shape]: every agent's observation
-    joined (JaxMARL's MPE world state) and the agent's one-hot id (its rewards are its own): [..., A, A * obs + A]."""
+def global_state(obs: jax.Array, obs_shape: tuple, world: jax.Array | None = None) -> jax.Array:
+    """What each agent's critic reads, from one step's observations [..., A, *obs_shape] and the env's own global
+    state `world` [..., S] (SMAX's world_state; S = 0 where it has none): that state, else every agent's observation
+    joined (JaxMARL's MPE world state), and the agent's one-hot id (its rewards are its own): [..., A, S + A] or
+    [..., A, A * obs + A]."""
     lead, agents = obs.shape[: obs.ndim - len(obs_shape) - 1], obs.shape[obs.ndim - len(obs_shape) - 1]
-    joint = jnp.broadcast_to(obs.reshape(*lead, 1, -1), (*lead, agents, agents * int(np.prod(obs_shape))))
+    joint = obs.reshape(*lead, 1, -1) if world is None or world.shape[-1] == 0 else world[..., None, :]
+    joint = jnp.broadcast_to(joint, (*lead, agents, joint.shape[-1]))
     ids = jnp.broadcast_to(jnp.eye(agents), (*lead, agents, agents))
     return jnp.concatenate([joint.astype(jnp.float32), ids], -1)
 
@@ -204,6 +209,8 @@ class Transition(NamedTuple):  # T steps of N envs of A agents: every agent of e
     terminated: jax.Array  # [T, N, A] the env's episode, for each of its agents
     done: jax.Array  # [T, N, A] terminated or truncated: the next obs starts a new episode
     final_obs: jax.Array  # [T, N, A, *obs_shape] true next observation (for bootstrapping)
+    world_state: jax.Array  # [T, N, S] the env's own global state (S = 0 where it has none)
+    final_world_state: jax.Array  # [T, N, S] of the true next state
 
 
 class Batch(NamedTuple):
@@ -284,7 +291,9 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    networks = make_networks(config, env.num_actions, env.obs_shape, env.num_agents, env.masks_actions)
+    networks = make_networks(
+        config, env.num_actions, env.obs_shape, env.num_agents, env.masks_actions, env.world_state_size
+    )
     T, N, M, A = config.num_steps, config.num_envs, config.num_minibatches, env.num_agents
 
     @jax.custom_batching.sequential_vmap  # seeds in turn: vmapped, orthogonal init's QRs can deadlock XLA's CPU pool
@@ -292,7 +301,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         hparams = hparams_from(config) if hparams is None else hparams
         rng, actor_key, critic_key, env_key = jax.random.split(rng, 4)
         obs = jnp.zeros((1, *env.obs_shape), env.obs_dtype)
-        state = global_state(jnp.zeros((1, A, *env.obs_shape), env.obs_dtype), env.obs_shape)
+        world = jnp.zeros((1, env.world_state_size))
+        state = global_state(jnp.zeros((1, A, *env.obs_shape), env.obs_dtype), env.obs_shape, world)
         params = {"actor": networks.actor.init(actor_key, obs), "critic": networks.critic.init(critic_key, state)}
         opt_state = make_optimizer(config, hparams).init(params)
         episodes = Episodes.start(*env.reset(env_key))
@@ -308,7 +318,9 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
             step = env.step(env_key, episodes.env_state, action)
             terminated, truncated = (jnp.broadcast_to(x[:, None], (N, A)) for x in (step.terminated, step.truncated))
             done = terminated | truncated  # an episode ends for all its agents at once (JaxMARL's dones["__all__"])
-            transition = Transition(episodes.obs, action, log_prob, step.agent_reward, terminated, done, step.final_obs)
+            world = jax.vmap(env.world_state)(episodes.env_state)  # [N, S]: the state the agents acted in
+            outcome = step.agent_reward, terminated, done, step.final_obs
+            transition = Transition(episodes.obs, action, log_prob, *outcome, world, step.final_world_state)
             return episodes.after(step), transition
 
         return jax.lax.scan(env_step, episodes.counting(), jax.random.split(key, T))
@@ -316,7 +328,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     def make_batch(params, tr: Transition, hp: HParams) -> Batch:
         """The rollout with its values, GAE advantages and value targets (per agent), flattened to [T * N * A]."""
         # V of the final observations' global state gives every step's bootstrap value, the last step's included.
-        state, final_state = global_state(jnp.stack([tr.obs, tr.final_obs]), env.obs_shape)
+        world = jnp.stack([tr.world_state, tr.final_world_state])
+        state, final_state = global_state(jnp.stack([tr.obs, tr.final_obs]), env.obs_shape, world)
         value, next_value = networks.critic.apply(params["critic"], jnp.stack([state, final_state]))[..., 0]
         gae = compute_gae(tr.reward, value, next_value, tr.terminated, tr.done, hp.gamma, hp.gae_lambda)
         batch = Batch(tr.obs, state, tr.action, tr.log_prob, value, *gae)
@@ -369,7 +382,9 @@ def make_act(config: Config, greedy: bool = True, env: "VecEnv | None" = None) -
     """`act(params, obs, key) -> actions` for one env's observations [num_agents, *obs_shape] (vmap it for a batch):
     each agent's most probable action under the shared actor, or (greedy=False) one drawn from its softmax."""
     env = env or VecEnv(config.env_name, 1)
-    networks = make_networks(config, env.num_actions, env.obs_shape, env.num_agents, env.masks_actions)
+    networks = make_networks(
+        config, env.num_actions, env.obs_shape, env.num_agents, env.masks_actions, env.world_state_size
+    )
 
     def act(params, obs: jax.Array, key: jax.Array) -> jax.Array:
         logits = networks.actor.apply(params["actor"], obs)
@@ -417,6 +432,7 @@ class EnvStep(NamedTuple):
     truncated: jax.Array  # [num_envs] bool: the episode hit its time limit
     final_obs: jax.Array  # [num_envs, num_agents, *obs_shape] the true next observations, before auto-reset
     agent_reward: jax.Array  # [num_envs, num_agents] float32: each agent's own reward
+    final_world_state: jax.Array  # [num_envs, world_state_size] the env's global state before auto-reset (SMAX's)
 
 
 def import_jaxmarl():
@@ -460,8 +476,9 @@ class VecEnv:
         try:  # a download without a network, a missing package, a factory that raises: refused in one line
             self.env, self.params = make_jaxmarl_env(jaxmarl, env_name) if env is None else env, None  # none in JaxMARL
             agents, spaces = self.env.agents, [self.env.action_space(agent) for agent in self.env.agents]
-            obs = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[0]  # one env's, per agent
+            obs, state = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))  # one env's, per agent
             obs = [(obs[agent].shape, obs[agent].dtype) for agent in agents]
+            self.world_state_size = jax.eval_shape(self.world_state, state).size  # 0: the env has none
         except Exception as error:
             reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
             raise ConfigError(f"--env-name {env_name} cannot be built: {reason}") from None
@@ -492,6 +509,10 @@ class VecEnv:
         legal = getattr(self.env, "get_legal_moves", self.env.get_avail_actions)(state)
         return jnp.concatenate([obs, jnp.stack([legal[agent] for agent in self.env.agents]).astype(obs.dtype)], -1)
 
+    def world_state(self, state: Any) -> jax.Array:  # one env's global state (SMAX's world_state), else [0] features
+        world = getattr(self.env, "get_world_state", lambda state: jnp.zeros(0))
+        return world(state).reshape(-1).astype(jnp.float32)
+
     @staticmethod
     def step_count(state: Any) -> jax.Array:  # MPE's state.step; SMAX's in its enemy's wrapper, state.state.step
         while not hasattr(state, "step") and hasattr(state, "state"):
@@ -510,7 +531,8 @@ class VecEnv:
         next_state = jax.tree.map(lambda new, old: jnp.where(ended, new, old), reset_state, state)
         obs, reward = self.observe(obs, state), jnp.stack([reward[agent] for agent in self.env.agents])
         next_obs, reward = jnp.where(ended, self.observe(reset_obs, reset_state), obs), reward.astype(jnp.float32)
-        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, obs, reward)
+        final = self.world_state(state)
+        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, obs, reward, final)
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)

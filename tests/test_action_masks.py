@@ -20,8 +20,9 @@ def stack(values: dict, agents) -> np.ndarray:
 @pytest.mark.slow
 def test_smax_observations_end_with_every_agents_legal_actions_and_dead_agents_may_only_stop():
     """SMAX-3m through VecEnv: JaxMARL's HeuristicEnemySMAX on map 3m; after every step (auto-reset included) each
-    agent's observation ends with get_avail_actions of the env's state; an agent that died may only stop; the 101st
-    step, SMAX's time limit, is a truncation."""
+    agent's observation ends with get_avail_actions of the env's state, and each step's final world state is SMAX's
+    world_state of it (mappo.py's critic reads it); an agent that died may only stop; the 101st step, SMAX's time
+    limit, is a truncation."""
     ippo = load_algorithm("ippo")
     vec = ippo.VecEnv("SMAX-3m", 8)
     assert type(vec.env).__name__ == "HeuristicEnemySMAX" and vec.masks_actions and vec.num_actions == 8
@@ -36,6 +37,9 @@ def test_smax_observations_end_with_every_agents_legal_actions_and_dead_agents_m
         got = step(jax.random.fold_in(key, 1), state, action)
         want = stack(legal_of(got.state), vec.env.agents)
         np.testing.assert_array_equal(got.obs[..., -8:], want)
+        going = ~np.asarray(got.terminated | got.truncated)  # their next state is the stepped one, not a reset
+        world = np.asarray(jax.vmap(vec.env.get_world_state)(got.state))  # mappo.py's critic reads it
+        np.testing.assert_array_equal(np.asarray(got.final_world_state)[going], world[going])
         dead = ~np.asarray(got.state.state.unit_alive[:, :3])
         stop_only = np.eye(8)[vec.env.num_movement_actions - 1]
         assert (want[dead] == stop_only).all()

@@ -21,7 +21,7 @@ def ippo():
     return load_algorithm("ippo")
 
 
-def test_mappos_global_state_is_every_observation_joined_and_the_agents_id():
+def test_mappos_global_state_is_the_envs_own_or_every_observation_joined_and_the_agents_id():
     mappo, rng = load_algorithm("mappo"), np.random.default_rng(0)
     obs = rng.normal(size=(4, 5, AGENTS, 2, 3)).astype(np.float32)  # [T, N, A, *obs_shape]
     got = np.asarray(mappo.global_state(jnp.asarray(obs), (2, 3)))
@@ -29,6 +29,11 @@ def test_mappos_global_state_is_every_observation_joined_and_the_agents_id():
     for t, n, agent in np.ndindex(4, 5, AGENTS):
         want = np.concatenate([obs[t, n].reshape(-1), np.eye(AGENTS)[agent]])
         np.testing.assert_array_equal(got[t, n, agent], want)
+    world = rng.normal(size=(4, 5, 7)).astype(np.float32)  # the env's own global state (SMAX's world_state)
+    got = np.asarray(mappo.global_state(jnp.asarray(obs), (2, 3), jnp.asarray(world)))
+    assert got.shape == (4, 5, AGENTS, 7 + AGENTS)
+    for t, n, agent in np.ndindex(4, 5, AGENTS):
+        np.testing.assert_array_equal(got[t, n, agent], np.concatenate([world[t, n], np.eye(AGENTS)[agent]]))
 
 
 @pytest.mark.parametrize("gamma, lam", [(0.99, 0.95), (0.9, 1.0), (0.5, 0.7)])
