@@ -49,4 +49,8 @@ SPEC = Spec(
     # smoothed target action's clip to [-1, 1] (a kink too, but a rare one); the twin minimum is tested
     # against NumPy in tests/test_td3.py.
     sweep_check=(dict(num_critics=1), 1e-3),
+    # As sac's: Pendulum amplifies rounding between the batched and the single program (CI, 2026-11-29, after the
+    # files' init became sequential_vmap and the programs' code changed with it: 3e-6 in 6 of 2,400 buffered
+    # observation entries, beyond test_train's 1e-6).
+    train_tolerance=sac.SPEC.train_tolerance,
 )
