@@ -1,9 +1,11 @@
-"""Measures a multi-agent file side by side with JaxMARL's own baseline of its algorithm on MPE_simple_spread_v3, at
-that baseline's config (a yaml of a JaxMARL checkout): algorithms/ippo.py beside baselines/IPPO/ippo_ff_mpe.py,
-algorithms/pqn_vdn.py beside baselines/QLearning/pqn_vdn_ff.py (BASELINES).
+"""Measures a multi-agent file side by side with JaxMARL's own baseline of its algorithm, at that baseline's config
+(a yaml of a JaxMARL checkout): on MPE_simple_spread_v3 algorithms/ippo.py beside baselines/IPPO/ippo_ff_mpe.py and
+algorithms/pqn_vdn.py beside baselines/QLearning/pqn_vdn_ff.py; on SMAX-3m ippo.py (feed-forward) beside
+baselines/IPPO/ippo_rnn_smax.py (recurrent), its yaml's map set to 3m on both sides (BASELINES).
 
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL                       # ippo.py: 4 seeds, 2e6 steps
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn --pairs 2     # 4 seeds, 1e6
+    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_smax --seeds 2   # SMAX-3m, 2e6
 
 What it measures, each side in a fresh process with an empty JAX compile cache (JAX_COMPILATION_CACHE_DIR a
 new temporary directory, as bench_parity.py does):
@@ -20,7 +22,9 @@ new temporary directory, as bench_parity.py does):
     divided by the number of agents; pqn_vdn_ff.py's greedy test, which it runs every 5% of updates, likewise.
 Each pair runs one process of each side, the order alternating between pairs (ours first in the first);
 ratios ours / JaxMARL are taken within a pair, then the median over pairs. Results: marl_<algorithm>_<backend>.md
-and a .jsonl of every measurement (appended), under --out (default benchmarks/results).
+and a .jsonl of every measurement (appended), under --out (default benchmarks/results). On SMAX each side's win rate
+is reported too: ours, the greedy win rate of 64 episodes per seed after training (benchmarks/smax_wins.py);
+JaxMARL's, its logged win rate of the episodes that ended in the last 5% of updates.
 """
 
 import argparse
@@ -40,12 +44,15 @@ PEER_DRIVER = os.path.join(PEERS, "jaxmarl_driver.py")
 
 class Baseline(NamedTuple):
     name: str  # the driver's name for it (jaxmarl_driver.BASELINES)
+    file: str  # our file, algorithms/<file>.py
+    env: str  # the env both sides run, by our name
     source: str  # its file, in the checkout
     config: str  # its yaml, in the checkout
     fields: dict  # the yaml's keys, as the file's Config fields
     fixed: dict  # yaml keys the file has no field for, with the value it does what they say at
     total_timesteps: float  # --total-timesteps' default: the file's default run
     differences: list  # how the two differ, and where they are alike
+    overrides: dict = {}  # yaml keys set on both sides (the driver's --set)
 
 
 NOT_HYPERPARAMETERS = {"SEED", "NUM_SEEDS", "ENTITY", "PROJECT", "WANDB_MODE", "ENV_KWARGS"}  # seeds are set here
@@ -63,6 +70,8 @@ TIME_LIMIT = (
 BASELINES = {
     "ippo": Baseline(
         name="ippo_ff_mpe",
+        file="ippo",
+        env="MPE_simple_spread_v3",
         source="baselines/IPPO/ippo_ff_mpe.py",
         config=os.path.join("baselines", "IPPO", "config", "ippo_ff_mpe.yaml"),
         fields={
@@ -83,6 +92,8 @@ BASELINES = {
     ),
     "pqn_vdn": Baseline(
         name="pqn_vdn_ff_mpe",
+        file="pqn_vdn",
+        env="MPE_simple_spread_v3",
         source="baselines/QLearning/pqn_vdn_ff.py",
         config=os.path.join("baselines", "QLearning", "config", "alg", "pqn_vdn_ff_mpe.yaml"),
         fields={
@@ -108,6 +119,37 @@ BASELINES = {
             "epsilon-greedy exploration per agent on an epsilon falling by update are alike",
         ],
     ),
+    "ippo_smax": Baseline(
+        name="ippo_rnn_smax",
+        file="ippo",
+        env="SMAX-3m",
+        source="baselines/IPPO/ippo_rnn_smax.py",
+        config=os.path.join("baselines", "IPPO", "config", "ippo_rnn_smax.yaml"),
+        fields={
+            **{key: key.lower() for key in ("LR", "NUM_ENVS", "NUM_STEPS", "TOTAL_TIMESTEPS", "UPDATE_EPOCHS")},
+            **{key: key.lower() for key in ("NUM_MINIBATCHES", "GAMMA", "GAE_LAMBDA", "CLIP_EPS", "ENT_COEF")},
+            **{key: key.lower() for key in ("VF_COEF", "MAX_GRAD_NORM", "ACTIVATION", "ANNEAL_LR")},
+            "FC_DIM_SIZE": "hidden_size",
+        },
+        # ippo.py's SMAX-3m is this env on this map with these options; it has no GRU (a difference, below).
+        fixed=dict(ENV_NAME="HeuristicEnemySMAX", MAP_NAME="3m", SCALE_CLIP_EPS=False, GRU_HIDDEN_DIM=128)
+        | dict(ENV_KWARGS=dict(see_enemy_actions=True, walls_cause_death=True, attack_mode="closest")),
+        total_timesteps=2e6,
+        differences=[
+            "the networks: JaxMARL's actor and critic are recurrent (a dense layer of FC_DIM_SIZE, a GRU of "
+            "GRU_HIDDEN_DIM, a dense layer), ippo.py's feed-forward (two hidden layers of FC_DIM_SIZE): the "
+            "issue's SMAX anchor is recurrent and ippo.py has no recurrent torso yet",
+            "the observations: ippo.py's end with each agent's legal actions (its VecEnv's action mask), which "
+            "JaxMARL's actor reads apart; both mask illegal actions' logits",
+            "episode ends: SMAX's time limit (101 steps) is a truncation for ippo.py, bootstrapped from V of the "
+            "true last observation, and a termination for JaxMARL's GAE",
+            "the learning-rate anneal: JaxMARL's falls once per update, ippo.py's at every gradient step",
+            "the final return: ours averages the episodes that ended in the last 5% of updates, JaxMARL's logged "
+            "`returns` (SMAXLogWrapper's, per agent) over those updates; win rates: ours greedy after training "
+            "(64 episodes per seed), JaxMARL's its logged training win rate over the last 5% of updates",
+        ],
+        overrides=dict(MAP_NAME="3m"),
+    ),
 }
 
 
@@ -123,20 +165,20 @@ def our_config(jaxmarl: str, algorithm: str, total_timesteps: float, seeds: int)
     """The file's Config fields for the yaml, at --total-timesteps; refuses a yaml key it cannot map, and a value
     of a key it has no field for that is not the one it does what that key says at."""
     baseline = BASELINES[algorithm]
-    yaml = jaxmarl_config(jaxmarl, baseline)
+    yaml = jaxmarl_config(jaxmarl, baseline) | baseline.overrides
     unmapped = set(yaml) - set(baseline.fields) - NOT_HYPERPARAMETERS - set(baseline.fixed)
     unmapped |= {key for key, value in baseline.fixed.items() if yaml.get(key, value) != value}
-    if unmapped or yaml.get("ENV_KWARGS"):
-        where = f"{baseline.config}: no Config field of {algorithm}.py"
+    if unmapped or yaml.get("ENV_KWARGS", {}) != baseline.fixed.get("ENV_KWARGS", {}):
+        where = f"{baseline.config}: no Config field of {baseline.file}.py"
         raise SystemExit(f"{where} for {sorted(unmapped) or 'ENV_KWARGS'} at the yaml's values")
     fields = {ours: yaml[key] for key, ours in baseline.fields.items() if key in yaml}
-    fields |= dict(total_timesteps=total_timesteps, num_seeds=seeds)
+    fields |= dict(env_name=baseline.env, total_timesteps=total_timesteps, num_seeds=seeds)
     return {k: int(v) if k in INTEGERS else v for k, v in fields.items()}
 
 
 def worker(jaxmarl: str, algorithm: str, total_timesteps: float, seeds: int) -> None:
     """Times our train as one jitted call on one device, as the peer driver times JaxMARL's."""
-    module = load_algorithm(algorithm)
+    module = load_algorithm(BASELINES[algorithm].file)
     xla.configure()  # the XLA flags the command line sets, before any JAX computation
     import jax
     import numpy as np
@@ -154,6 +196,13 @@ def worker(jaxmarl: str, algorithm: str, total_timesteps: float, seeds: int) -> 
     greedy = np.asarray(evaluate(module.saved_params(runner), jax.random.split(jax.random.PRNGKey(1), seeds)))
     final = stats.final_returns(metrics)
     steps = int(metrics["env_steps"][0, -1])
+    wins = None
+    if config.env_name.startswith("SMAX-"):  # each seed's greedy win rate, 64 episodes
+        from smax_wins import win_rate
+
+        env, params = module.VecEnv(config.env_name, 64), module.saved_params(runner)
+        seed_params = [jax.tree.map(lambda x, i=i: x[i], params) for i in range(seeds)]
+        wins = [win_rate(module, config, p, env, jax.random.PRNGKey(2 + i)) for i, p in enumerate(seed_params)]
     print(
         "RESULT "
         + json.dumps(
@@ -171,6 +220,8 @@ def worker(jaxmarl: str, algorithm: str, total_timesteps: float, seeds: int) -> 
                 "final_return_std": float(np.nanstd(final)),
                 "final_return_per_seed": [float(x) for x in final],
                 "eval_return_mean": float(np.mean(greedy)),
+                "eval_win_rate_per_seed": wins,
+                "eval_win_rate_mean": None if wins is None else float(np.mean(wins)),
                 "finite": bool(metrics["finite"].all()),
                 "xla_flags": os.environ.get("XLA_FLAGS", ""),
             }
@@ -207,6 +258,7 @@ def main() -> None:
         ours += ["--algorithm", args.algorithm, "--seeds", str(args.seeds), "--total-timesteps", repr(steps)]
         peer = [args.peer_python, PEER_DRIVER, baseline.name, "--jaxmarl", jaxmarl]
         peer += ["--seeds", str(args.seeds), "--total-timesteps", repr(steps)]
+        peer += [item for key, value in baseline.overrides.items() for item in ("--set", f"{key}={value!r}")]
         jobs = [("ours", ours), ("jaxmarl", peer)][:: -1 if index % 2 else 1]
         for side, command in jobs:
             load_before = os.getloadavg()[0]
@@ -240,7 +292,7 @@ def main() -> None:
 
 def write_table(records: list, algorithm: str, config: dict, where: dict, path: str, raw_path: str) -> None:
     fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
-    med = lambda rs, k: statistics.median(r[k] for r in rs if r.get(k) is not None) if rs else None  # noqa: E731
+    med = lambda rs, k: statistics.median([r[k] for r in rs if r.get(k) is not None] or [None])  # noqa: E731
     runs = {side: [r for r in records if r["side"] == side] for side in ("ours", "jaxmarl")}
     pairs = [(o, t) for o in runs["ours"] for t in runs["jaxmarl"] if o["pair"] == t["pair"]]
     ratio = lambda k: statistics.median(o[k] / t[k] for o, t in pairs) if pairs else None  # noqa: E731
@@ -254,9 +306,14 @@ def write_table(records: list, algorithm: str, config: dict, where: dict, path: 
         if peer
         else "no JaxMARL measurement"
     )
+    logged = (
+        "logged `returns` (SMAXLogWrapper's, per agent; its win rate likewise)"
+        if baseline.name.endswith("smax")
+        else "logged `returned_episode_returns` (the sum over agents), divided by the number of agents"
+    )
     shown = ", ".join(f"{k} {v}" for k, v in config.items() if k not in ("num_seeds", "total_timesteps"))
     lines = [
-        f"# {algorithm}.py against JaxMARL's {file} on MPE_simple_spread_v3",
+        f"# {baseline.file}.py against JaxMARL's {file} on {baseline.env}",
         "",
         f"{describe(where)}. Written by `benchmarks/bench_marl.py`; each measurement is a fresh process with an "
         f"empty compile cache. Every measurement: `{os.path.basename(raw_path)}`.",
@@ -264,32 +321,34 @@ def write_table(records: list, algorithm: str, config: dict, where: dict, path: 
         f"Both at JaxMARL's own config (`{baseline.config}`, JaxMARL {version}): {shown}; "
         f"{config['total_timesteps']:,} env steps per seed (the yaml's 1e7 overridden), {config['num_seeds']} "
         "seeds vmapped in one `jax.jit(jax.vmap(train))` call, compile (lower + compile) and run timed apart. "
-        f"Ours: {algorithm}.py's make_train in this script's worker, after the harness's XLA flags, on one device. "
+        f"Ours: {baseline.file}.py's make_train in this script's worker, after the harness's XLA flags, on one device. "
         "JaxMARL: `benchmarks/peers/jaxmarl_driver.py` (the unmodified file; its per-update callback to "
         "`wandb.log` runs, into a stand-in that records what it logs). env steps/s: env steps of all "
         "seeds per second of the compiled run. Final return per agent (the agents' mean reward summed over an "
         "episode), mean ± std over seeds: ours, the episodes that ended in the last 5% of updates; JaxMARL, its "
-        "logged `returned_episode_returns` (the sum over agents) over the last 5% of updates, divided by the "
-        "number of agents. Greedy eval: ours, 16 episodes after training; JaxMARL's (where it runs one), its last "
+        f"{logged} over the last 5% of updates. Greedy eval: ours, 16 episodes after training; JaxMARL's (where "
+        "it runs one), its last "
         "greedy test during training (episodes of 512 envs), per agent. Medians over pairs; each ratio is "
         "ours / JaxMARL within one pair (order alternating). Load: the 1-minute load average before each "
         "measurement.",
         "",
-        "| side | seeds | env steps per seed | final return per agent | greedy eval | env steps/s | compile s | load |",
-        "|---|---|---|---|---|---|---|---|",
+        "| side | seeds | env steps per seed | final return per agent | greedy eval | win rate | env steps/s "
+        "| compile s | load |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for side, name in (("ours", f"{algorithm}.py"), ("jaxmarl", f"JaxMARL {file}")):
+    for side, name in (("ours", f"{baseline.file}.py"), ("jaxmarl", f"JaxMARL {file}")):
         rs = runs[side]
         loads = [r["load_1min_before"] for r in rs]
         lines.append(
             f"| {name} | {rs[0]['num_seeds'] if rs else '–'} | {fmt(rs[0]['env_steps_per_seed'] if rs else None, ',')}"
             f" | {fmt(med(rs, 'final_return_mean'), '.2f')} ± {fmt(med(rs, 'final_return_std'), '.2f')} | "
             f"{fmt(med(rs, 'eval_return_mean'), '.2f')} | "
+            f"{fmt(med(rs, 'eval_win_rate_mean' if side == 'ours' else 'final_win_rate_mean'), '.0%')} | "
             f"{fmt(med(rs, 'steps_per_s'), ',.0f')} | {fmt(med(rs, 'compile_s'), '.1f')} | "
             f"{fmt(min(loads) if loads else None, '.1f')} to {fmt(max(loads) if loads else None, '.1f')} |"
         )
     lines.append(
-        f"| ours / JaxMARL ({len(pairs)} pair(s)) | | | | | {fmt(ratio('steps_per_s'), '.2f')}x | "
+        f"| ours / JaxMARL ({len(pairs)} pair(s)) | | | | | | {fmt(ratio('steps_per_s'), '.2f')}x | "
         f"{fmt(ratio('compile_s'), '.2f')}x | |"
     )
     lines += ["", "How the two differ, and where they are alike:", ""] + [f"- {item}" for item in baseline.differences]

@@ -21,35 +21,41 @@ def load_file(run_dir: pathlib.Path):
     return module
 
 
+def win_rate(module, config, params, env, key) -> float:
+    """The share of `env.num_envs` greedy episodes (each env's first) whose last reward holds the won-battle bonus."""
+    import jax
+    import jax.numpy as jnp
+
+    act, episodes = jax.vmap(module.make_act(config, greedy=True, env=env), (None, 0, 0)), env.num_envs
+
+    def play(key):
+        def step(carry, key):
+            obs, state, won, over = carry
+            action = act(params, obs, jax.random.split(key, episodes))
+            got = env.step(jax.random.fold_in(key, 1), state, action)
+            ended = (got.terminated | got.truncated) & ~over
+            return (got.obs, got.state, won | (ended & (got.reward >= 1.0)), over | ended), None
+
+        obs, state = env.reset(key)
+        start = (obs, state, jnp.zeros(episodes, bool), jnp.zeros(episodes, bool))
+        (_, _, won, over), _ = jax.lax.scan(step, start, jax.random.split(key, env.max_episode_steps))
+        return won.mean(), over.all()
+
+    rate, finished = jax.jit(play)(key)
+    assert bool(finished), "an episode outlasted the time limit"
+    return float(rate)
+
+
 def win_rates(run_dir: pathlib.Path, episodes: int) -> list[float]:
     module = load_file(run_dir)
     module.configure_xla()
     import jax
-    import jax.numpy as jnp
 
-    summary = json.loads((run_dir / "summary.json").read_text())
-    env, rates = None, []
+    summary, rates, env = json.loads((run_dir / "summary.json").read_text()), [], None
     for seed in range(summary["num_seeds"]):
         config, params = module.load_run(str(run_dir), seed)
         env = env or module.VecEnv(config.env_name, episodes)
-        act = jax.vmap(module.make_act(config, greedy=True, env=env), (None, 0, 0))
-
-        def play(key):  # every env's first episode: whether its last reward held the bonus
-            def step(carry, key):
-                obs, state, won, over = carry
-                action = act(params, obs, jax.random.split(key, episodes))
-                got = env.step(jax.random.fold_in(key, 1), state, action)
-                ended = (got.terminated | got.truncated) & ~over
-                return (got.obs, got.state, won | (ended & (got.reward >= 1.0)), over | ended), None
-
-            obs, state = env.reset(key)
-            start = (obs, state, jnp.zeros(episodes, bool), jnp.zeros(episodes, bool))
-            (_, _, won, over), _ = jax.lax.scan(step, start, jax.random.split(key, env.max_episode_steps))
-            return won.mean(), over.all()
-
-        rate, finished = jax.jit(play)(jax.random.PRNGKey(seed))
-        assert bool(finished), "an episode outlasted the time limit"
-        rates.append(float(rate))
+        rates.append(win_rate(module, config, params, env, jax.random.PRNGKey(seed)))
     return rates
 
 

@@ -1,6 +1,8 @@
 """Times JaxMARL's own baselines at their own configs on MPE_simple_spread_v3, as bench_marl.py times our files:
 IPPO (baselines/IPPO/ippo_ff_mpe.py, config/ippo_ff_mpe.yaml) and PQN-VDN (baselines/QLearning/pqn_vdn_ff.py,
-config/alg/pqn_vdn_ff_mpe.yaml).
+config/alg/pqn_vdn_ff_mpe.yaml); and on SMAX its recurrent IPPO (baselines/IPPO/ippo_rnn_smax.py,
+config/ippo_rnn_smax.yaml, whose map bench_marl.py sets with --set MAP_NAME='3m'), whose SMAXLogWrapper logs
+`returns` (per agent) and `win_rate` of the episodes that ended in each update (nan where none did).
 
     python benchmarks/peers/jaxmarl_driver.py ippo_ff_mpe --jaxmarl /path/to/JaxMARL --seeds 4 --total-timesteps 2e6
     python benchmarks/peers/jaxmarl_driver.py pqn_vdn_ff_mpe --jaxmarl /path/to/JaxMARL --seeds 4 --total-timesteps 1e6
@@ -72,6 +74,7 @@ FINAL_FRACTION = 0.05
 BASELINES = {
     "ippo_ff_mpe": ("baselines/IPPO/ippo_ff_mpe.py", "baselines/IPPO/config/ippo_ff_mpe.yaml"),
     "pqn_vdn_ff_mpe": ("baselines/QLearning/pqn_vdn_ff.py", "baselines/QLearning/config/alg/pqn_vdn_ff_mpe.yaml"),
+    "ippo_rnn_smax": ("baselines/IPPO/ippo_rnn_smax.py", "baselines/IPPO/config/ippo_rnn_smax.yaml"),
 }
 NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
 
@@ -239,15 +242,20 @@ def main() -> None:
     out = jax.block_until_ready(compiled(keys))
     run_s = time.perf_counter() - compiled_at
 
-    logged_returns = logged_per_seed(logged, args.seeds, updates, "returned_episode_returns")
-    returned = None if q_learning else np.asarray(out["metrics"]["returned_episode_returns"])  # [seeds, updates]
+    smax = args.baseline.endswith("smax")  # SMAXLogWrapper's figures, per agent, logged as returns and win_rate
+    returns_key = "returns" if smax else "returned_episode_returns"
+    logged_returns = logged_per_seed(logged, args.seeds, updates, returns_key)
+    returned = (
+        None if q_learning or smax else np.asarray(out["metrics"]["returned_episode_returns"])
+    )  # [seeds, updates]
     tests = logged_per_seed(logged, args.seeds, updates, "test_returned_episode_returns") if q_learning else None
-    per_agent = logged_returns / num_agents  # MPELogWrapper's figure is the sum over agents
+    per_agent = logged_returns if smax else logged_returns / num_agents  # MPELogWrapper's: the sum over agents
     last = max(1, int(np.ceil(updates * FINAL_FRACTION)))
-    final = per_agent[:, -last:].mean(axis=1)
+    final = np.nanmean(per_agent[:, -last:], axis=1)  # SMAX's updates with no episode ended log nan
+    wins = np.nanmean(logged_per_seed(logged, args.seeds, updates, "win_rate")[:, -last:], axis=1) if smax else None
     result = {
         "bench": f"jaxmarl_{args.baseline}",
-        "env": config["ENV_NAME"],
+        "env": f"{config['ENV_NAME']} {config['MAP_NAME']}" if smax else config["ENV_NAME"],
         "num_seeds": args.seeds,
         "num_agents": int(num_agents),
         "total_timesteps": config["TOTAL_TIMESTEPS"],
@@ -260,11 +268,13 @@ def main() -> None:
         "final_return_mean": float(np.mean(final)),
         "final_return_std": float(np.std(final)),
         "final_return_per_seed": [float(x) for x in final],
-        "final_logged_return_mean": float(np.mean(logged_returns[:, -last:])),  # JaxMARL's figure (sum over agents)
+        "final_logged_return_mean": float(np.nanmean(logged_returns[:, -last:])),  # JaxMARL's figure
+        "final_win_rate_per_seed": None if wins is None else [float(x) for x in wins],
+        "final_win_rate_mean": None if wins is None else float(np.mean(wins)),
         "final_updates": last,
         "eval_return_mean": None if tests is None else float(np.mean(tests[:, -1]) / num_agents),
         "callback_calls": len(logged),
-        "callback_shapes": sorted({str(np.shape(r["returned_episode_returns"])) for r in logged}),
+        "callback_shapes": sorted({str(np.shape(r[returns_key])) for r in logged}),
         "callback_matches_metrics": None
         if returned is None
         else bool(np.allclose(logged_returns, returned, rtol=1e-6, atol=1e-6)),
