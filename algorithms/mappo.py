@@ -64,6 +64,7 @@ class Config:
     hidden_size: Annotated[int, "units per hidden layer (actor and critic alike)", "0 < hidden_size < 2**31"] = 64
     num_layers: Annotated[int, "hidden layers in actor and critic", "0 < num_layers < 2**31"] = 2
     network: Annotated[str, "torso: its convolutions (CONVOLUTIONS)", "network in ('mlp', 'cnn', 'nature_cnn')"] = "mlp"
+    shaping_horizon: Annotated[int, "env steps in which the shaped reward fades out", "shaping_horizon >= 0"] = 0
     eval_episodes: Annotated[int, "greedy evaluation episodes per run after training", "eval_episodes > 0"] = 16
     seed: Annotated[int, "base seed; run i uses jax.random.split(PRNGKey(seed), num_seeds)[i]"] = 0
     num_seeds: Annotated[int, "independent runs trained side by side (vmapped)", "0 < num_seeds < 2**31"] = 8
@@ -291,6 +292,9 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
+    horizon = config.shaping_horizon  # Overcooked's shaped reward is weighted 1 falling to 0 in `horizon` env steps
+    require(not horizon or env.shapes_reward(), f"--shaping-horizon: {config.env_name} has no shaped reward")
+    shaping = optax.linear_schedule(1.0, 0.0, horizon) if horizon else optax.constant_schedule(0.0)
     networks = make_networks(
         config, env.num_actions, env.obs_shape, env.num_agents, env.masks_actions, env.world_state_size
     )
@@ -308,9 +312,9 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         episodes = Episodes.start(*env.reset(env_key))
         return Runner(params=params, opt_state=opt_state, episodes=episodes, rng=rng, hparams=hparams)
 
-    def rollout(params, episodes: "Episodes", key: jax.Array):
+    def rollout(params, episodes: "Episodes", shaping: jax.Array, key: jax.Array):
         """T steps of every env under the current policy, each agent acting on its own observation: (the episodes
-        after them, [T, N, A] transitions)."""
+        after them, [T, N, A] transitions, the agents' rewards with the env's shaped reward times `shaping`)."""
 
         def env_step(episodes: Episodes, key: jax.Array):
             action_key, env_key = jax.random.split(key)
@@ -319,7 +323,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
             terminated, truncated = (jnp.broadcast_to(x[:, None], (N, A)) for x in (step.terminated, step.truncated))
             done = terminated | truncated  # an episode ends for all its agents at once (JaxMARL's dones["__all__"])
             world = jax.vmap(env.world_state)(episodes.env_state)  # [N, S]: the state the agents acted in
-            outcome = step.agent_reward, terminated, done, step.final_obs
+            outcome = step.agent_reward + shaping * step.shaped_reward, terminated, done, step.final_obs
             transition = Transition(episodes.obs, action, log_prob, *outcome, world, step.final_world_state)
             return episodes.after(step), transition
 
@@ -356,7 +360,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     def update(runner: Runner, update_index: jax.Array):
         hp = runner.hparams
         rng, rollout_key, learn_key = jax.random.split(runner.rng, 3)
-        episodes, transitions = rollout(runner.params, runner.episodes, rollout_key)
+        episodes, transitions = rollout(runner.params, runner.episodes, shaping(update_index * T * N), rollout_key)
         batch = make_batch(runner.params, transitions, hp)
         (params, opt_state), stats = learn(runner.params, runner.opt_state, batch, learn_key, hp)
         finite = jnp.isfinite(stats["loss"]).all() & jnp.isfinite(optax.tree.norm(params))
@@ -433,6 +437,7 @@ class EnvStep(NamedTuple):
     final_obs: jax.Array  # [num_envs, num_agents, *obs_shape] the true next observations, before auto-reset
     agent_reward: jax.Array  # [num_envs, num_agents] float32: each agent's own reward
     final_world_state: jax.Array  # [num_envs, world_state_size] the env's global state before auto-reset (SMAX's)
+    shaped_reward: jax.Array  # [num_envs, num_agents] the env's shaped reward (Overcooked's info; 0 where none)
 
 
 def import_jaxmarl():
@@ -450,15 +455,20 @@ def import_jaxmarl():
 
 
 SMAX_OPTIONS = dict(see_enemy_actions=True, walls_cause_death=True, attack_mode="closest")  # JaxMARL's baselines'
+VARIANTS = ("SMAX-", "overcooked-")  # env names that pick a SMAX map or an Overcooked layout (make_jaxmarl_env)
 
 
 def make_jaxmarl_env(jaxmarl, env_name: str):
     """JaxMARL's env of that name; `SMAX-<map>` (SMAX-3m, SMAX-2s3z, ...: a map of smax.map_name_to_scenario) is
-    SMAX on that map against JaxMARL's heuristic enemy, with the options of JaxMARL's SMAX baselines."""
-    if not env_name.startswith("SMAX-"):
-        return jaxmarl.make(env_name)
-    scenario = jaxmarl.environments.smax.map_name_to_scenario(env_name.removeprefix("SMAX-"))
-    return jaxmarl.make("HeuristicEnemySMAX", scenario=scenario, **SMAX_OPTIONS)
+    SMAX on that map against JaxMARL's heuristic enemy, with the options of JaxMARL's SMAX baselines;
+    `overcooked-<layout>` (overcooked-cramped_room, overcooked-counter_circuit, ...) Overcooked on that layout."""
+    if env_name.startswith("SMAX-"):
+        scenario = jaxmarl.environments.smax.map_name_to_scenario(env_name.removeprefix("SMAX-"))
+        return jaxmarl.make("HeuristicEnemySMAX", scenario=scenario, **SMAX_OPTIONS)
+    if env_name.startswith("overcooked-"):
+        layouts = jaxmarl.environments.overcooked.overcooked_layouts
+        return jaxmarl.make("overcooked", layout=layouts[env_name.removeprefix("overcooked-")])
+    return jaxmarl.make(env_name)
 
 
 class VecEnv:
@@ -471,8 +481,9 @@ class VecEnv:
 
     def __init__(self, env_name: str, num_envs: int, env: Any = None):
         jaxmarl = import_jaxmarl()
-        ok = env is not None or env_name in jaxmarl.registered_envs or env_name.startswith("SMAX-")
-        require(ok, f"--env-name {env_name!r} is not in jaxmarl.registered_envs (nor SMAX-<map>, e.g. SMAX-3m)")
+        ok = env is not None or env_name in jaxmarl.registered_envs or env_name.startswith(VARIANTS)
+        why = "nor SMAX-<map> (e.g. SMAX-3m) nor overcooked-<layout> (e.g. overcooked-cramped_room)"
+        require(ok, f"--env-name {env_name!r} is not in jaxmarl.registered_envs ({why})")
         try:  # a download without a network, a missing package, a factory that raises: refused in one line
             self.env, self.params = make_jaxmarl_env(jaxmarl, env_name) if env is None else env, None  # none in JaxMARL
             agents, spaces = self.env.agents, [self.env.action_space(agent) for agent in self.env.agents]
@@ -509,6 +520,11 @@ class VecEnv:
         legal = getattr(self.env, "get_legal_moves", self.env.get_avail_actions)(state)
         return jnp.concatenate([obs, jnp.stack([legal[agent] for agent in self.env.agents]).astype(obs.dtype)], -1)
 
+    def shapes_reward(self) -> bool:  # whether the env's info has a shaped reward (Overcooked's: EnvStep's)
+        state = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[1]
+        step = jax.eval_shape(self.env.step_env, jax.random.PRNGKey(0), state, dict.fromkeys(self.env.agents, 0))
+        return "shaped_reward" in step[4]
+
     def world_state(self, state: Any) -> jax.Array:  # one env's global state (SMAX's world_state), else [0] features
         world = getattr(self.env, "get_world_state", lambda state: jnp.zeros(0))
         return world(state).reshape(-1).astype(jnp.float32)
@@ -525,14 +541,15 @@ class VecEnv:
 
     def step_one(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:  # one env: step, then reset if done
         step_key, reset_key, actions = *jax.random.split(key), dict(zip(self.env.agents, action, strict=True))
-        obs, state, reward, done, _ = self.env.step_env(step_key, state, actions)
+        obs, state, reward, done, info = self.env.step_env(step_key, state, actions)
         reset_obs, reset_state = self.env.reset(reset_key)
         ended, truncated = done["__all__"], done["__all__"] & (self.step_count(state) >= self.time_limit)
         next_state = jax.tree.map(lambda new, old: jnp.where(ended, new, old), reset_state, state)
         obs, reward = self.observe(obs, state), jnp.stack([reward[agent] for agent in self.env.agents])
         next_obs, reward = jnp.where(ended, self.observe(reset_obs, reset_state), obs), reward.astype(jnp.float32)
-        final = self.world_state(state)
-        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, obs, reward, final)
+        final, shaped = self.world_state(state), info.get("shaped_reward", dict.fromkeys(self.env.agents, 0.0))
+        shaped = jnp.stack([shaped[agent] for agent in self.env.agents]).astype(jnp.float32)
+        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, obs, reward, final, shaped)
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)

@@ -69,6 +69,7 @@ class Config:
     hidden_size: Annotated[int, "units per hidden layer of the Q-network", "0 < hidden_size < 2**31"] = 256
     num_layers: Annotated[int, "hidden layers (Dense, LayerNorm, activation)", "0 < num_layers < 2**31"] = 2
     network: Annotated[str, "torso: its convolutions (CONVOLUTIONS)", "network in ('mlp', 'cnn', 'nature_cnn')"] = "mlp"
+    shaping_horizon: Annotated[int, "env steps in which the shaped reward fades out", "shaping_horizon >= 0"] = 0
     layer_norm: Annotated[bool, "LayerNorm after every hidden Dense layer (PQN's stabiliser)"] = True
     agent_ids: Annotated[bool, "each agent's one-hot id joins its observation's features"] = True
     eval_episodes: Annotated[int, "greedy evaluation episodes per run after training", "eval_episodes > 0"] = 16
@@ -284,6 +285,9 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
+    horizon = config.shaping_horizon  # Overcooked's shaped reward is weighted 1 falling to 0 in `horizon` env steps
+    require(not horizon or env.shapes_reward(), f"--shaping-horizon: {config.env_name} has no shaped reward")
+    shaping = optax.linear_schedule(1.0, 0.0, horizon) if horizon else optax.constant_schedule(0.0)
     networks = make_networks(config, env.num_actions, env.obs_shape, env.num_agents, env.masks_actions)
     T, N, M, A = config.num_steps, config.num_envs, config.num_minibatches, env.num_agents
 
@@ -296,16 +300,16 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         episodes = Episodes.start(*env.reset(env_key))
         return Runner(params=params, opt_state=opt_state, episodes=episodes, rng=rng, hparams=hparams)
 
-    def rollout(params, episodes: "Episodes", eps: jax.Array, key: jax.Array):
+    def rollout(params, episodes: "Episodes", eps: jax.Array, shaping: jax.Array, key: jax.Array):
         """T steps of every env, each agent epsilon-greedy on its own Q-values: (the episodes after them, [T, N]
-        transitions)."""
+        transitions, the agents' rewards with the env's shaped reward times `shaping`)."""
 
         def env_step(episodes: Episodes, key: jax.Array):
             action_key, env_key = jax.random.split(key)
             action = epsilon_greedy(networks.q.apply(params["q"], episodes.obs), eps, action_key)
             step = env.step(env_key, episodes.env_state, action)
             done = step.terminated | step.truncated
-            reward = team_reward(step.agent_reward)
+            reward = team_reward(step.agent_reward + shaping * step.shaped_reward)
             transition = Transition(episodes.obs, action, reward, step.terminated, done, step.final_obs)
             return episodes.after(step), transition
 
@@ -343,7 +347,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
         hp = runner.hparams
         eps = epsilon(config, hp, update_index)
         rng, rollout_key, learn_key = jax.random.split(runner.rng, 3)
-        episodes, transitions = rollout(runner.params, runner.episodes, eps, rollout_key)
+        episodes, transitions = rollout(runner.params, runner.episodes, eps, shaping(update_index * T * N), rollout_key)
         batch = make_batch(runner.params, transitions, hp)
         (params, opt_state), stats = learn(runner.params, runner.opt_state, batch, learn_key, hp)
         finite = jnp.isfinite(stats["loss"]).all() & jnp.isfinite(optax.tree.norm(params))
@@ -422,6 +426,7 @@ class EnvStep(NamedTuple):
     final_obs: jax.Array  # [num_envs, num_agents, *obs_shape] the true next observations, before auto-reset
     agent_reward: jax.Array  # [num_envs, num_agents] float32: each agent's own reward
     final_world_state: jax.Array  # [num_envs, world_state_size] the env's global state before auto-reset (SMAX's)
+    shaped_reward: jax.Array  # [num_envs, num_agents] the env's shaped reward (Overcooked's info; 0 where none)
 
 
 def import_jaxmarl():
@@ -439,15 +444,20 @@ def import_jaxmarl():
 
 
 SMAX_OPTIONS = dict(see_enemy_actions=True, walls_cause_death=True, attack_mode="closest")  # JaxMARL's baselines'
+VARIANTS = ("SMAX-", "overcooked-")  # env names that pick a SMAX map or an Overcooked layout (make_jaxmarl_env)
 
 
 def make_jaxmarl_env(jaxmarl, env_name: str):
     """JaxMARL's env of that name; `SMAX-<map>` (SMAX-3m, SMAX-2s3z, ...: a map of smax.map_name_to_scenario) is
-    SMAX on that map against JaxMARL's heuristic enemy, with the options of JaxMARL's SMAX baselines."""
-    if not env_name.startswith("SMAX-"):
-        return jaxmarl.make(env_name)
-    scenario = jaxmarl.environments.smax.map_name_to_scenario(env_name.removeprefix("SMAX-"))
-    return jaxmarl.make("HeuristicEnemySMAX", scenario=scenario, **SMAX_OPTIONS)
+    SMAX on that map against JaxMARL's heuristic enemy, with the options of JaxMARL's SMAX baselines;
+    `overcooked-<layout>` (overcooked-cramped_room, overcooked-counter_circuit, ...) Overcooked on that layout."""
+    if env_name.startswith("SMAX-"):
+        scenario = jaxmarl.environments.smax.map_name_to_scenario(env_name.removeprefix("SMAX-"))
+        return jaxmarl.make("HeuristicEnemySMAX", scenario=scenario, **SMAX_OPTIONS)
+    if env_name.startswith("overcooked-"):
+        layouts = jaxmarl.environments.overcooked.overcooked_layouts
+        return jaxmarl.make("overcooked", layout=layouts[env_name.removeprefix("overcooked-")])
+    return jaxmarl.make(env_name)
 
 
 class VecEnv:
@@ -460,8 +470,9 @@ class VecEnv:
 
     def __init__(self, env_name: str, num_envs: int, env: Any = None):
         jaxmarl = import_jaxmarl()
-        ok = env is not None or env_name in jaxmarl.registered_envs or env_name.startswith("SMAX-")
-        require(ok, f"--env-name {env_name!r} is not in jaxmarl.registered_envs (nor SMAX-<map>, e.g. SMAX-3m)")
+        ok = env is not None or env_name in jaxmarl.registered_envs or env_name.startswith(VARIANTS)
+        why = "nor SMAX-<map> (e.g. SMAX-3m) nor overcooked-<layout> (e.g. overcooked-cramped_room)"
+        require(ok, f"--env-name {env_name!r} is not in jaxmarl.registered_envs ({why})")
         try:  # a download without a network, a missing package, a factory that raises: refused in one line
             self.env, self.params = make_jaxmarl_env(jaxmarl, env_name) if env is None else env, None  # none in JaxMARL
             agents, spaces = self.env.agents, [self.env.action_space(agent) for agent in self.env.agents]
@@ -498,6 +509,11 @@ class VecEnv:
         legal = getattr(self.env, "get_legal_moves", self.env.get_avail_actions)(state)
         return jnp.concatenate([obs, jnp.stack([legal[agent] for agent in self.env.agents]).astype(obs.dtype)], -1)
 
+    def shapes_reward(self) -> bool:  # whether the env's info has a shaped reward (Overcooked's: EnvStep's)
+        state = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[1]
+        step = jax.eval_shape(self.env.step_env, jax.random.PRNGKey(0), state, dict.fromkeys(self.env.agents, 0))
+        return "shaped_reward" in step[4]
+
     def world_state(self, state: Any) -> jax.Array:  # one env's global state (SMAX's world_state), else [0] features
         world = getattr(self.env, "get_world_state", lambda state: jnp.zeros(0))
         return world(state).reshape(-1).astype(jnp.float32)
@@ -514,14 +530,15 @@ class VecEnv:
 
     def step_one(self, key: jax.Array, state: Any, action: jax.Array) -> EnvStep:  # one env: step, then reset if done
         step_key, reset_key, actions = *jax.random.split(key), dict(zip(self.env.agents, action, strict=True))
-        obs, state, reward, done, _ = self.env.step_env(step_key, state, actions)
+        obs, state, reward, done, info = self.env.step_env(step_key, state, actions)
         reset_obs, reset_state = self.env.reset(reset_key)
         ended, truncated = done["__all__"], done["__all__"] & (self.step_count(state) >= self.time_limit)
         next_state = jax.tree.map(lambda new, old: jnp.where(ended, new, old), reset_state, state)
         obs, reward = self.observe(obs, state), jnp.stack([reward[agent] for agent in self.env.agents])
         next_obs, reward = jnp.where(ended, self.observe(reset_obs, reset_state), obs), reward.astype(jnp.float32)
-        final = self.world_state(state)
-        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, obs, reward, final)
+        final, shaped = self.world_state(state), info.get("shaped_reward", dict.fromkeys(self.env.agents, 0.0))
+        shaped = jnp.stack([shaped[agent] for agent in self.env.agents]).astype(jnp.float32)
+        return EnvStep(next_obs, next_state, reward.mean(), ended & ~truncated, truncated, obs, reward, final, shaped)
 
 
 class Episodes(NamedTuple):  # every env's current episode, and those ended since `counting()` (an update's start)

@@ -181,8 +181,9 @@ def test_siblings_share_their_common_sections():
 # Observations that keep their shape (issue 44) cost each file about 10 lines (the Torso a network reads them
 # through, an obs_shape field) and took 2 from the shared block (VecEnv no longer flattens); the convolutional
 # torso (--network, issue 44) about 44 more in each discrete-action file (CONVOLUTIONS, Conv, its Torso,
-# check_network).
-PPO_LINES, FILE_LINES, MEAN_LINES, SHARED_LINES = 625, 815, 715, 262
+# check_network). Overcooked's layouts and shaped reward (issue 45) cost each multi-agent file about 7 lines in its
+# env block and 6 in its algorithm: the mean went from 715 to 717.
+PPO_LINES, FILE_LINES, MEAN_LINES, SHARED_LINES = 625, 815, 717, 262
 
 
 def test_files_keep_their_line_budgets():
