@@ -1,11 +1,15 @@
 """Measures a multi-agent file side by side with JaxMARL's own baseline of its algorithm, at that baseline's config
-(a yaml of a JaxMARL checkout): on MPE_simple_spread_v3 algorithms/ippo.py beside baselines/IPPO/ippo_ff_mpe.py and
-algorithms/pqn_vdn.py beside baselines/QLearning/pqn_vdn_ff.py; on SMAX-3m ippo.py (feed-forward) beside
-baselines/IPPO/ippo_rnn_smax.py (recurrent), its yaml's map set to 3m on both sides (BASELINES).
+(a yaml of a JaxMARL checkout): on MPE_simple_spread_v3 algorithms/ippo.py beside baselines/IPPO/ippo_ff_mpe.py,
+algorithms/mappo.py beside baselines/MAPPO/mappo_rnn_mpe.py (recurrent) and algorithms/pqn_vdn.py beside
+baselines/QLearning/pqn_vdn_ff.py; on SMAX-3m ippo.py and mappo.py (feed-forward) beside baselines/IPPO/ippo_rnn_smax.py
+and baselines/MAPPO/mappo_rnn_smax.py (recurrent), their yamls' map set to 3m on both sides; on Overcooked's
+cramped_room ippo.py (--network cnn) beside baselines/IPPO/ippo_cnn_overcooked.py, its yaml's layout set to
+cramped_room on both sides (BASELINES).
 
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL                       # ippo.py: 4 seeds, 2e6 steps
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn --pairs 2     # 4 seeds, 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_smax --seeds 2   # SMAX-3m, 2e6
+    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm mappo --seeds 2 --total-timesteps 1e6
 
 What it measures, each side in a fresh process with an empty JAX compile cache (JAX_COMPILATION_CACHE_DIR a
 new temporary directory, as bench_parity.py does):
@@ -53,10 +57,12 @@ class Baseline(NamedTuple):
     total_timesteps: float  # --total-timesteps' default: the file's default run
     differences: list  # how the two differ, and where they are alike
     overrides: dict = {}  # yaml keys set on both sides (the driver's --set)
+    ours: dict = {}  # Config fields of the file the yaml has no key for, and the value they run at
 
 
 NOT_HYPERPARAMETERS = {"SEED", "NUM_SEEDS", "ENTITY", "PROJECT", "WANDB_MODE", "ENV_KWARGS"}  # seeds are set here
 INTEGERS = {"num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches", "hidden_size", "num_layers"}
+INTEGERS |= {"shaping_horizon"}
 FINAL_RETURN = (
     "the final return: ours averages the episodes that ended in the last 5% of updates; JaxMARL's logged figure "
     "averages, over every step of those updates, each env's last finished episode (lagging by up to one episode), "
@@ -67,6 +73,22 @@ TIME_LIMIT = (
     "episode ends: MPE's only end is its time limit (max_steps); JaxMARL's {targets} treats it as a termination "
     "(done zeroes the bootstrap value), {file} bootstraps through it from {value} of the true last observation"
 )
+RECURRENT = (
+    "the networks: JaxMARL's actor and critic are recurrent (a dense layer of FC_DIM_SIZE, a GRU of GRU_HIDDEN_DIM, "
+    "a dense layer), {file}'s feed-forward (two hidden layers of FC_DIM_SIZE): it has no recurrent torso yet"
+)
+SMAX_RETURNS = (
+    "the final return: ours averages the episodes that ended in the last 5% of updates, JaxMARL's logged `returns` "
+    "(SMAXLogWrapper's, per agent) over those updates; win rates: ours greedy after training (64 episodes per "
+    "seed), JaxMARL's its logged training win rate over the last 5% of updates"
+)
+SMAX_KWARGS = dict(see_enemy_actions=True, walls_cause_death=True, attack_mode="closest")
+RNN_FIELDS = {
+    **{key: key.lower() for key in ("LR", "NUM_ENVS", "NUM_STEPS", "TOTAL_TIMESTEPS", "UPDATE_EPOCHS")},
+    **{key: key.lower() for key in ("NUM_MINIBATCHES", "GAMMA", "GAE_LAMBDA", "CLIP_EPS", "ENT_COEF")},
+    **{key: key.lower() for key in ("VF_COEF", "MAX_GRAD_NORM", "ACTIVATION", "ANNEAL_LR")},
+    "FC_DIM_SIZE": "hidden_size",
+}
 BASELINES = {
     "ippo": Baseline(
         name="ippo_ff_mpe",
@@ -125,28 +147,98 @@ BASELINES = {
         env="SMAX-3m",
         source="baselines/IPPO/ippo_rnn_smax.py",
         config=os.path.join("baselines", "IPPO", "config", "ippo_rnn_smax.yaml"),
-        fields={
-            **{key: key.lower() for key in ("LR", "NUM_ENVS", "NUM_STEPS", "TOTAL_TIMESTEPS", "UPDATE_EPOCHS")},
-            **{key: key.lower() for key in ("NUM_MINIBATCHES", "GAMMA", "GAE_LAMBDA", "CLIP_EPS", "ENT_COEF")},
-            **{key: key.lower() for key in ("VF_COEF", "MAX_GRAD_NORM", "ACTIVATION", "ANNEAL_LR")},
-            "FC_DIM_SIZE": "hidden_size",
-        },
+        fields=RNN_FIELDS,
         # ippo.py's SMAX-3m is this env on this map with these options; it has no GRU (a difference, below).
         fixed=dict(ENV_NAME="HeuristicEnemySMAX", MAP_NAME="3m", SCALE_CLIP_EPS=False, GRU_HIDDEN_DIM=128)
-        | dict(ENV_KWARGS=dict(see_enemy_actions=True, walls_cause_death=True, attack_mode="closest")),
+        | dict(ENV_KWARGS=SMAX_KWARGS),
         total_timesteps=2e6,
         differences=[
-            "the networks: JaxMARL's actor and critic are recurrent (a dense layer of FC_DIM_SIZE, a GRU of "
-            "GRU_HIDDEN_DIM, a dense layer), ippo.py's feed-forward (two hidden layers of FC_DIM_SIZE): the "
-            "issue's SMAX anchor is recurrent and ippo.py has no recurrent torso yet",
+            RECURRENT.format(file="ippo.py"),
             "the observations: ippo.py's end with each agent's legal actions (its VecEnv's action mask), which "
             "JaxMARL's actor reads apart; both mask illegal actions' logits",
             "episode ends: SMAX's time limit (101 steps) is a truncation for ippo.py, bootstrapped from V of the "
             "true last observation, and a termination for JaxMARL's GAE",
             "the learning-rate anneal: JaxMARL's falls once per update, ippo.py's at every gradient step",
-            "the final return: ours averages the episodes that ended in the last 5% of updates, JaxMARL's logged "
-            "`returns` (SMAXLogWrapper's, per agent) over those updates; win rates: ours greedy after training "
-            "(64 episodes per seed), JaxMARL's its logged training win rate over the last 5% of updates",
+            SMAX_RETURNS,
+        ],
+        overrides=dict(MAP_NAME="3m"),
+    ),
+    "ippo_overcooked": Baseline(
+        name="ippo_cnn_overcooked",
+        file="ippo",
+        env="overcooked-cramped_room",
+        source="baselines/IPPO/ippo_cnn_overcooked.py",
+        config=os.path.join("baselines", "IPPO", "config", "ippo_cnn_overcooked.yaml"),
+        fields={
+            **{key: key.lower() for key in ("LR", "NUM_ENVS", "NUM_STEPS", "TOTAL_TIMESTEPS", "UPDATE_EPOCHS")},
+            **{key: key.lower() for key in ("NUM_MINIBATCHES", "GAMMA", "GAE_LAMBDA", "CLIP_EPS", "ENT_COEF")},
+            **{key: key.lower() for key in ("VF_COEF", "MAX_GRAD_NORM", "ACTIVATION", "ANNEAL_LR")},
+            "REW_SHAPING_HORIZON": "shaping_horizon",
+        },
+        fixed=dict(ENV_NAME="overcooked", ENV_KWARGS=dict(layout="cramped_room"), TUNE=False),
+        total_timesteps=1e6,
+        differences=[
+            "the networks: JaxMARL's actor and critic share a torso (three 32-feature convolutions, 5x5 then two "
+            "3x3, padded, and a dense layer of 64) and its actor's head reads that torso's output (the 64-unit "
+            "dense layer it computes is unused); ippo.py's actor and critic are apart, each a 16-feature 3x3 "
+            "convolution, unpadded (--network cnn, MinAtar's), then two hidden layers of 64",
+            "episode ends: Overcooked's only end is its time limit (400 steps): a truncation for ippo.py, "
+            "bootstrapped from V of the true last observation, a termination for JaxMARL's GAE",
+            "the learning-rate anneal: JaxMARL's falls once per update, ippo.py's at every gradient step",
+            "the shaped reward: both add Overcooked's, weighted 1 falling linearly to 0 over REW_SHAPING_HORIZON "
+            "env steps (--shaping-horizon), to each agent's reward; both report the env's own reward",
+            "the final return: ours averages the episodes that ended in the last 5% of updates; JaxMARL's logged "
+            "`returned_episode_returns` (LogWrapper's, per agent: both agents get the team's reward) averages, over "
+            "every step of those updates, each env's last finished episode",
+        ],
+        overrides=dict(ENV_KWARGS=dict(layout="cramped_room")),
+        ours=dict(network="cnn"),
+    ),
+    "mappo": Baseline(
+        name="mappo_rnn_mpe",
+        file="mappo",
+        env="MPE_simple_spread_v3",
+        source="baselines/MAPPO/mappo_rnn_mpe.py",
+        config=os.path.join("baselines", "MAPPO", "config", "mappo_homogenous_rnn_mpe.yaml"),
+        fields=RNN_FIELDS | {"ENV_NAME": "env_name"},
+        fixed=dict(GRU_HIDDEN_DIM=128, SCALE_CLIP_EPS=False, ENV_KWARGS={}),
+        total_timesteps=2e6,
+        differences=[
+            RECURRENT.format(file="mappo.py"),
+            "the critic's input: both read every agent's observation joined (JaxMARL's MPEWorldStateWrapper) and, "
+            "mappo.py, the agent's one-hot id",
+            TIME_LIMIT.format(targets="GAE", file="mappo.py", value="V"),
+            "the optimisers: JaxMARL's actor and critic each have an Adam with its own global-norm clip, mappo.py "
+            "one Adam over both after one clip; the learning-rate anneal: JaxMARL's falls once per update, "
+            "mappo.py's at every gradient step",
+            "the final return: ours averages the episodes that ended in the last 5% of updates; JaxMARL's logged "
+            "`returns` is MPELogWrapper's returned_episode_returns at each rollout's last step (the sum over "
+            "agents), averaged over actors, divided here by the number of agents",
+        ],
+    ),
+    "mappo_smax": Baseline(
+        name="mappo_rnn_smax",
+        file="mappo",
+        env="SMAX-3m",
+        source="baselines/MAPPO/mappo_rnn_smax.py",
+        config=os.path.join("baselines", "MAPPO", "config", "mappo_homogenous_rnn_smax.yaml"),
+        fields=RNN_FIELDS,
+        # mappo.py's SMAX-3m is this env on this map with these options, its critic SMAX's world state and the
+        # agent's id (OBS_WITH_AGENT_ID); it has no GRU (a difference, below).
+        fixed=dict(ENV_NAME="HeuristicEnemySMAX", MAP_NAME="3m", SCALE_CLIP_EPS=False, GRU_HIDDEN_DIM=128)
+        | dict(OBS_WITH_AGENT_ID=True, ENV_KWARGS=SMAX_KWARGS),
+        total_timesteps=2e6,
+        differences=[
+            RECURRENT.format(file="mappo.py"),
+            "the critic's input: SMAX's world state (get_world_state) and the agent's one-hot id on both sides",
+            "the observations: mappo.py's end with each agent's legal actions (its VecEnv's action mask), which "
+            "JaxMARL's actor reads apart; both mask illegal actions' logits",
+            "episode ends: SMAX's time limit (101 steps) is a truncation for mappo.py, bootstrapped from V of the "
+            "true last state, and a termination for JaxMARL's GAE",
+            "the optimisers: JaxMARL's actor and critic each have an Adam with its own global-norm clip, mappo.py "
+            "one Adam over both after one clip; the learning-rate anneal: JaxMARL's falls once per update, "
+            "mappo.py's at every gradient step",
+            SMAX_RETURNS,
         ],
         overrides=dict(MAP_NAME="3m"),
     ),
@@ -171,7 +263,7 @@ def our_config(jaxmarl: str, algorithm: str, total_timesteps: float, seeds: int)
     if unmapped or yaml.get("ENV_KWARGS", {}) != baseline.fixed.get("ENV_KWARGS", {}):
         where = f"{baseline.config}: no Config field of {baseline.file}.py"
         raise SystemExit(f"{where} for {sorted(unmapped) or 'ENV_KWARGS'} at the yaml's values")
-    fields = {ours: yaml[key] for key, ours in baseline.fields.items() if key in yaml}
+    fields = {ours: yaml[key] for key, ours in baseline.fields.items() if key in yaml} | baseline.ours
     fields |= dict(env_name=baseline.env, total_timesteps=total_timesteps, num_seeds=seeds)
     return {k: int(v) if k in INTEGERS else v for k, v in fields.items()}
 
@@ -309,6 +401,9 @@ def write_table(records: list, algorithm: str, config: dict, where: dict, path: 
     logged = (
         "logged `returns` (SMAXLogWrapper's, per agent; its win rate likewise)"
         if baseline.name.endswith("smax")
+        else "logged `returns` (MPELogWrapper's returned_episode_returns at each rollout's last step, the sum over "
+        "agents, averaged over actors), divided by the number of agents"
+        if baseline.name == "mappo_rnn_mpe"
         else "logged `returned_episode_returns` (the sum over agents), divided by the number of agents"
     )
     shown = ", ".join(f"{k} {v}" for k, v in config.items() if k not in ("num_seeds", "total_timesteps"))

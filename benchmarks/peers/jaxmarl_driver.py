@@ -1,8 +1,10 @@
-"""Times JaxMARL's own baselines at their own configs on MPE_simple_spread_v3, as bench_marl.py times our files:
-IPPO (baselines/IPPO/ippo_ff_mpe.py, config/ippo_ff_mpe.yaml) and PQN-VDN (baselines/QLearning/pqn_vdn_ff.py,
-config/alg/pqn_vdn_ff_mpe.yaml); and on SMAX its recurrent IPPO (baselines/IPPO/ippo_rnn_smax.py,
-config/ippo_rnn_smax.yaml, whose map bench_marl.py sets with --set MAP_NAME='3m'), whose SMAXLogWrapper logs
-`returns` (per agent) and `win_rate` of the episodes that ended in each update (nan where none did).
+"""Times JaxMARL's own baselines at their own configs, as bench_marl.py times our files (BASELINES): on
+MPE_simple_spread_v3 IPPO (baselines/IPPO/ippo_ff_mpe.py, config/ippo_ff_mpe.yaml), PQN-VDN
+(baselines/QLearning/pqn_vdn_ff.py, config/alg/pqn_vdn_ff_mpe.yaml) and the recurrent MAPPO
+(baselines/MAPPO/mappo_rnn_mpe.py); on SMAX the recurrent IPPO and MAPPO (ippo_rnn_smax.py, mappo_rnn_smax.py, whose
+map bench_marl.py sets with --set MAP_NAME='3m'), whose SMAXLogWrapper logs `returns` (per agent) and `win_rate` of
+the episodes that ended in each update (nan where none did); on Overcooked the CNN IPPO (ippo_cnn_overcooked.py,
+its layout set with --set ENV_KWARGS=...), whose LogWrapper's returns are per agent.
 
     python benchmarks/peers/jaxmarl_driver.py ippo_ff_mpe --jaxmarl /path/to/JaxMARL --seeds 4 --total-timesteps 2e6
     python benchmarks/peers/jaxmarl_driver.py pqn_vdn_ff_mpe --jaxmarl /path/to/JaxMARL --seeds 4 --total-timesteps 1e6
@@ -65,16 +67,48 @@ import platform
 import re
 import sys
 import time
+from typing import NamedTuple
 
 from purejaxrl_driver import checkout_commit  # the same question of a clone
 from stand_ins import stand_in
 from xla_setup import set_xla_flags
 
 FINAL_FRACTION = 0.05
+
+
+class Peer(NamedTuple):
+    source: str  # the baseline file, in the checkout
+    config: str  # its yaml
+    returns: str = "returned_episode_returns"  # the key its wandb.log call logs the episode returns under
+    summed: bool = True  # that figure is MPELogWrapper's, the sum over agents (else per agent: SMAXLogWrapper's)
+    win_rate: bool = False  # it logs `win_rate` too (SMAX)
+    layout: bool = False  # its main() turns ENV_KWARGS' layout name into that Overcooked layout before make_train
+
+
 BASELINES = {
-    "ippo_ff_mpe": ("baselines/IPPO/ippo_ff_mpe.py", "baselines/IPPO/config/ippo_ff_mpe.yaml"),
-    "pqn_vdn_ff_mpe": ("baselines/QLearning/pqn_vdn_ff.py", "baselines/QLearning/config/alg/pqn_vdn_ff_mpe.yaml"),
-    "ippo_rnn_smax": ("baselines/IPPO/ippo_rnn_smax.py", "baselines/IPPO/config/ippo_rnn_smax.yaml"),
+    "ippo_ff_mpe": Peer("baselines/IPPO/ippo_ff_mpe.py", "baselines/IPPO/config/ippo_ff_mpe.yaml"),
+    "pqn_vdn_ff_mpe": Peer("baselines/QLearning/pqn_vdn_ff.py", "baselines/QLearning/config/alg/pqn_vdn_ff_mpe.yaml"),
+    "ippo_rnn_smax": Peer(
+        "baselines/IPPO/ippo_rnn_smax.py", "baselines/IPPO/config/ippo_rnn_smax.yaml", "returns", False, True
+    ),
+    # logs `returns`: MPELogWrapper's returned_episode_returns at the rollout's last step, averaged over actors
+    "mappo_rnn_mpe": Peer(
+        "baselines/MAPPO/mappo_rnn_mpe.py", "baselines/MAPPO/config/mappo_homogenous_rnn_mpe.yaml", "returns"
+    ),
+    # logs `returned_episode_returns`: LogWrapper's, per agent (Overcooked's agents share the team's reward)
+    "ippo_cnn_overcooked": Peer(
+        "baselines/IPPO/ippo_cnn_overcooked.py",
+        "baselines/IPPO/config/ippo_cnn_overcooked.yaml",
+        summed=False,
+        layout=True,
+    ),
+    "mappo_rnn_smax": Peer(
+        "baselines/MAPPO/mappo_rnn_smax.py",
+        "baselines/MAPPO/config/mappo_homogenous_rnn_smax.yaml",
+        "returns",
+        False,
+        True,
+    ),
 }
 NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
 
@@ -189,7 +223,8 @@ def main() -> None:
     args = parser.parse_args()
 
     source = os.path.abspath(args.jaxmarl)
-    path, config_path = (os.path.join(source, p) for p in BASELINES[args.baseline])
+    peer = BASELINES[args.baseline]
+    path, config_path = os.path.join(source, peer.source), os.path.join(source, peer.config)
     for needed in (path, config_path):
         if not os.path.isfile(needed):
             raise SystemExit(f"{needed} not found: --jaxmarl must be the root of a JaxMARL checkout")
@@ -225,7 +260,16 @@ def main() -> None:
     changed = {k: v for k, v in config.items() if k not in defaults or defaults[k] != v}
 
     keys = jax.random.split(jax.random.PRNGKey(args.seed), args.seeds)
-    made = dict(config)
+    made = copy.deepcopy(config)
+    if peer.layout:  # as its main() does
+        from jaxmarl.environments.overcooked import Overcooked, overcooked_layouts
+
+        made["ENV_KWARGS"]["layout"] = overcooked_layouts[made["ENV_KWARGS"]["layout"]]
+        # The file calls env.action_space() without the agent jaxmarl's Overcooked requires (0.2.0 and the
+        # checkout's own): every agent's is the same, so a default agent lets it run as written.
+        action_space = Overcooked.action_space
+        Overcooked.action_space = lambda self, agent="agent_0": action_space(self, agent)
+        adapters.append("Overcooked.action_space(agent='agent_0' by default): the file calls it without an agent")
     if q_learning:  # make_train(config, env), the env as its single_run makes it (MPELogWrapper for MPE)
         env = module.env_from_config(copy.deepcopy(made))[0]
         train, num_agents = module.make_train(made, env), env.num_agents  # make_train adds NUM_UPDATES
@@ -242,20 +286,23 @@ def main() -> None:
     out = jax.block_until_ready(compiled(keys))
     run_s = time.perf_counter() - compiled_at
 
-    smax = args.baseline.endswith("smax")  # SMAXLogWrapper's figures, per agent, logged as returns and win_rate
-    returns_key = "returns" if smax else "returned_episode_returns"
-    logged_returns = logged_per_seed(logged, args.seeds, updates, returns_key)
+    logged_returns = logged_per_seed(logged, args.seeds, updates, peer.returns)
     returned = (
-        None if q_learning or smax else np.asarray(out["metrics"]["returned_episode_returns"])
-    )  # [seeds, updates]
+        np.asarray(out["metrics"][peer.returns])
+        if isinstance(out, dict) and peer.returns in out.get("metrics", {})
+        else None
+    )  # [seeds, updates] where make_train returns what it logs (ippo_ff_mpe.py)
     tests = logged_per_seed(logged, args.seeds, updates, "test_returned_episode_returns") if q_learning else None
-    per_agent = logged_returns if smax else logged_returns / num_agents  # MPELogWrapper's: the sum over agents
+    per_agent = logged_returns / num_agents if peer.summed else logged_returns
     last = max(1, int(np.ceil(updates * FINAL_FRACTION)))
     final = np.nanmean(per_agent[:, -last:], axis=1)  # SMAX's updates with no episode ended log nan
-    wins = np.nanmean(logged_per_seed(logged, args.seeds, updates, "win_rate")[:, -last:], axis=1) if smax else None
+    win_rates = logged_per_seed(logged, args.seeds, updates, "win_rate") if peer.win_rate else None
+    wins = None if win_rates is None else np.nanmean(win_rates[:, -last:], axis=1)
     result = {
         "bench": f"jaxmarl_{args.baseline}",
-        "env": f"{config['ENV_NAME']} {config['MAP_NAME']}" if smax else config["ENV_NAME"],
+        "env": " ".join(
+            [config["ENV_NAME"], config.get("MAP_NAME", config.get("ENV_KWARGS", {}).get("layout", ""))]
+        ).strip(),
         "num_seeds": args.seeds,
         "num_agents": int(num_agents),
         "total_timesteps": config["TOTAL_TIMESTEPS"],
@@ -274,7 +321,7 @@ def main() -> None:
         "final_updates": last,
         "eval_return_mean": None if tests is None else float(np.mean(tests[:, -1]) / num_agents),
         "callback_calls": len(logged),
-        "callback_shapes": sorted({str(np.shape(r[returns_key])) for r in logged}),
+        "callback_shapes": sorted({str(np.shape(r[peer.returns])) for r in logged}),
         "callback_matches_metrics": None
         if returned is None
         else bool(np.allclose(logged_returns, returned, rtol=1e-6, atol=1e-6)),
