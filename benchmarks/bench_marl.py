@@ -414,8 +414,9 @@ def write_table(records: list, algorithm: str, config: dict, where: dict, path: 
         f"empty compile cache. Every measurement: `{os.path.basename(raw_path)}`.",
         "",
         f"Both at JaxMARL's own config (`{baseline.config}`, JaxMARL {version}): {shown}; "
-        f"{config['total_timesteps']:,} env steps per seed (the yaml's 1e7 overridden), {config['num_seeds']} "
-        "seeds vmapped in one `jax.jit(jax.vmap(train))` call, compile (lower + compile) and run timed apart. "
+        f"{config['total_timesteps']:,} env steps per seed (the yaml's TOTAL_TIMESTEPS overridden), "
+        f"{config['num_seeds']} seeds vmapped in one `jax.jit(jax.vmap(train))` call, compile (lower + compile) "
+        "and run timed apart. "
         f"Ours: {baseline.file}.py's make_train in this script's worker, after the harness's XLA flags, on one device. "
         "JaxMARL: `benchmarks/peers/jaxmarl_driver.py` (the unmodified file; its per-update callback to "
         "`wandb.log` runs, into a stand-in that records what it logs). env steps/s: env steps of all "
