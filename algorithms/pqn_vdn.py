@@ -492,7 +492,7 @@ class VecEnv:
         require(flat or not self.masks_actions, f"--env-name {env_name}: masked actions need flat observations")
         self.num_envs, self.num_agents, self.num_actions = num_envs, len(agents), spaces[0].n
         self.action_shape = (self.num_agents,)  # one env's action: every agent's
-        self.obs_shape, self.obs_dtype = obs[0]  # one agent's observation, with its legal actions where masked
+        self.obs_shape, self.obs_dtype = obs[0][0], jnp.float32  # one agent's, with its legal actions where masked
         self.obs_shape = (int(self.obs_shape[0]) + self.num_actions,) if self.masks_actions else self.obs_shape
         self.time_limit = getattr(self.env, "max_steps", 10**6)  # an episode ending at this step count is truncated
         self.max_episode_steps = self.time_limit + 1  # MPE's check reads the count before its step: one step more
@@ -503,7 +503,8 @@ class VecEnv:
 
     def observe(self, obs: dict, state: Any) -> jax.Array:
         """One env's observations [num_agents, *obs_shape]: each agent's, then its legal actions where masked."""
-        obs = jnp.stack([obs[agent] for agent in self.env.agents])
+        # As floats: a torso reads uint8 as pixels (/ 255), and JaxMARL's uint8 (Overcooked's 0/1 planes) are not.
+        obs = jnp.stack([obs[agent] for agent in self.env.agents]).astype(jnp.float32)
         if not self.masks_actions:
             return obs
         legal = getattr(self.env, "get_legal_moves", self.env.get_avail_actions)(state)

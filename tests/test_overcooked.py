@@ -25,6 +25,9 @@ def test_a_layout_is_named_overcooked_layout_and_an_unknown_one_is_refused():
         vec = ippo.VecEnv(f"overcooked-{layout}", 2)
         obs, _ = env.reset(jax.random.PRNGKey(0))  # its observation_space says (width, height, 26), obs differ
         assert vec.obs_shape == obs["agent_0"].shape and vec.shapes_reward()
+        # uint8 0/1 planes given as float32 0/1: a torso would read uint8 as pixels (/ 255)
+        got = np.asarray(vec.reset(jax.random.PRNGKey(0))[0])
+        assert obs["agent_0"].dtype == jnp.uint8 and got.dtype == vec.obs_dtype == np.float32 and got.max() == 1.0
     assert ippo.VecEnv("overcooked", 2).obs_shape == ippo.VecEnv("overcooked-cramped_room", 2).obs_shape
     with pytest.raises(ippo.ConfigError, match="--env-name overcooked-kitchen cannot be built"):
         ippo.VecEnv("overcooked-kitchen", 2)
