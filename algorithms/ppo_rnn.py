@@ -252,6 +252,17 @@ class ActorCritic(nn.Module):
         return (states, *self.heads(states))
 
 
+class Networks(NamedTuple):
+    actor_critic: nn.Module  # (GRU state, obs) -> (GRU state, logits, value); its parameters: all of params
+
+
+def make_networks(config: Config, num_actions: int, obs_shape: tuple) -> Networks:
+    check_network(config.network, obs_shape)
+    shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
+    return Networks(actor_critic=ActorCritic(num_actions, config.network, obs_shape, **shape))
+
+
+# ---- The GRU (the same in ppo_rnn.py, ippo_rnn.py: tests/test_files.py) ----
 def gru_cell(kernel, bias, hidden, gates):
     """The state after one GRU step (flax GRUCell's equations) from the state fed to it [..., H] and the
     observation's gates [..., 3H] (reset r, update z, candidate n)."""
@@ -278,16 +289,6 @@ def gru_unroll(kernel, bias, hidden, gates, start):
         return hidden, hidden
 
     return jax.lax.scan(step, hidden, (gates, start))[1]
-
-
-class Networks(NamedTuple):
-    actor_critic: nn.Module  # (GRU state, obs) -> (GRU state, logits, value); its parameters: all of params
-
-
-def make_networks(config: Config, num_actions: int, obs_shape: tuple) -> Networks:
-    check_network(config.network, obs_shape)
-    shape = dict(hidden_size=config.hidden_size, num_layers=config.num_layers, activation=config.activation)
-    return Networks(actor_critic=ActorCritic(num_actions, config.network, obs_shape, **shape))
 
 
 # ---- The algorithm: GAE, the PPO loss, and the training loop ----

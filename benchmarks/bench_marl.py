@@ -2,13 +2,14 @@
 (a yaml of a JaxMARL checkout): on MPE_simple_spread_v3 algorithms/ippo.py beside baselines/IPPO/ippo_ff_mpe.py,
 algorithms/mappo.py beside baselines/MAPPO/mappo_rnn_mpe.py (recurrent) and algorithms/pqn_vdn.py beside
 baselines/QLearning/pqn_vdn_ff.py; on SMAX-3m ippo.py and mappo.py (feed-forward) beside baselines/IPPO/ippo_rnn_smax.py
-and baselines/MAPPO/mappo_rnn_smax.py (recurrent), their yamls' map set to 3m on both sides; on Overcooked's
-cramped_room ippo.py (--network cnn) beside baselines/IPPO/ippo_cnn_overcooked.py, its yaml's layout set to
-cramped_room on both sides (BASELINES).
+and baselines/MAPPO/mappo_rnn_smax.py (recurrent), and ippo_rnn.py (recurrent) beside ippo_rnn_smax.py, their yamls'
+map set to 3m on both sides; on Overcooked's cramped_room ippo.py (--network cnn) beside
+baselines/IPPO/ippo_cnn_overcooked.py, its yaml's layout set to cramped_room on both sides (BASELINES).
 
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL                       # ippo.py: 4 seeds, 2e6 steps
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn --pairs 2     # 4 seeds, 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_smax --seeds 2   # SMAX-3m, 2e6
+    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_rnn_smax --seeds 2 --total-timesteps 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm mappo --seeds 2 --total-timesteps 1e6
 
 What it measures, each side in a fresh process with an empty JAX compile cache (JAX_COMPILATION_CACHE_DIR a
@@ -159,6 +160,30 @@ BASELINES = {
             "episode ends: SMAX's time limit (101 steps) is a truncation for ippo.py, bootstrapped from V of the "
             "true last observation, and a termination for JaxMARL's GAE",
             "the learning-rate anneal: JaxMARL's falls once per update, ippo.py's at every gradient step",
+            SMAX_RETURNS,
+        ],
+        overrides=dict(MAP_NAME="3m"),
+    ),
+    "ippo_rnn_smax": Baseline(
+        name="ippo_rnn_smax",
+        file="ippo_rnn",
+        env="SMAX-3m",
+        source="baselines/IPPO/ippo_rnn_smax.py",
+        config=os.path.join("baselines", "IPPO", "config", "ippo_rnn_smax.yaml"),
+        fields=RNN_FIELDS,
+        # ippo_rnn.py's SMAX-3m is this env on this map with these options; its GRU is as wide as its Dense layers.
+        fixed=dict(ENV_NAME="HeuristicEnemySMAX", MAP_NAME="3m", SCALE_CLIP_EPS=False, GRU_HIDDEN_DIM=128)
+        | dict(ENV_KWARGS=SMAX_KWARGS),
+        total_timesteps=2e6,
+        differences=[
+            "the networks alike: a dense layer of FC_DIM_SIZE, a GRU, a dense layer and the output in each head "
+            "(ippo_rnn.py's Dense layers orthogonal(sqrt 2), JaxMARL's heads' orthogonal(2)); each agent's GRU state "
+            "reset where its episode starts; minibatches of whole agent sequences on both sides",
+            "the observations: ippo_rnn.py's end with each agent's legal actions (its VecEnv's action mask), which "
+            "JaxMARL's network reads apart; both mask illegal actions' logits",
+            "episode ends: SMAX's time limit (101 steps) is a truncation for ippo_rnn.py, bootstrapped from V of the "
+            "true last observation and the GRU state after the step, and a termination for JaxMARL's GAE",
+            "the learning-rate anneal: JaxMARL's falls once per update, ippo_rnn.py's at every gradient step",
             SMAX_RETURNS,
         ],
         overrides=dict(MAP_NAME="3m"),
