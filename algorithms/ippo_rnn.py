@@ -1,8 +1,9 @@
 """Recurrent IPPO (ippo.py with a GRU under the actor and critic heads, as ppo_rnn.py's: each agent acts with its
 own GRU state, the network shared by the agents, GAE per agent) for JaxMARL's discrete-action multi-agent
-environments, in one file: `python ippo_rnn.py --env-name SMAX-3m` (--help lists every option). The whole run
-(rollout, GAE, epochs of minibatch updates that replay whole agent sequences through the GRU) is one jitted function;
-seeds, and sweep points of the float hyperparameters in HParams, are vmapped into one program:
+environments, in one file: `python ippo_rnn.py` (MPE_simple_spread_v3; --env-name SMAX-3m, say; --help lists every
+option). The whole run (rollout, GAE, epochs of minibatch updates that replay whole agent sequences through the
+GRU) is one jitted function; seeds, and sweep points of the float hyperparameters in HParams, are vmapped into one
+program:
 
     train = make_train(Config(env_name="MPE_simple_spread_v3"))
     runner, metrics = jax.jit(jax.vmap(train))(jax.random.split(jax.random.PRNGKey(0), 8))
@@ -44,7 +45,7 @@ class Config:
     """Each field is a flag (`lr` is --lr), annotated with its help, then the rules its value satisfies."""
 
     env_name: Annotated[str, "a JaxMARL env (jaxmarl.registered_envs, or SMAX-<map>)"] = "MPE_simple_spread_v3"
-    total_timesteps: Annotated[int, "env steps per run (all envs together)", "total_timesteps < 2**31"] = 2_000_000
+    total_timesteps: Annotated[int, "env steps per run (all envs together)", "total_timesteps < 2**31"] = 1_000_000
     num_envs: Annotated[int, "parallel environments per run", "0 < num_envs < 2**31"] = 16
     num_steps: Annotated[int, "steps per environment in each rollout", "0 < num_steps < 2**31"] = 128
     update_epochs: Annotated[int, "passes over each rollout batch", "0 < update_epochs < 2**31"] = 4

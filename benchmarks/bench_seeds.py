@@ -40,6 +40,7 @@ DEFAULTS = {
     "ppo_rnd": 0.9,  # DeepSea-bsuite: 0.99 for reaching the treasure, about 0 otherwise
     "ippo": -21.0,  # MPE_simple_spread_v3, the agents' mean return: a uniformly random policy about -27.5
     "mappo": -21.0,
+    "ippo_rnn": -21.0,  # the same env, its default 1M steps
     "pqn_vdn": -13.0,  # the same env and return (its training episodes are epsilon-greedy at 0.1)
 }
 

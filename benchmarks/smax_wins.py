@@ -26,19 +26,22 @@ def win_rate(module, config, params, env, key) -> float:
     import jax
     import jax.numpy as jnp
 
-    act, episodes = jax.vmap(module.make_act(config, greedy=True, env=env), (None, 0, 0)), env.num_envs
+    act, episodes = module.make_act(config, greedy=True, env=env), env.num_envs
+    memory = getattr(act, "memory", None)  # a recurrent policy's (ippo_rnn.py's), carried as make_evaluate does
+    batched = jax.vmap(act if memory is not None else lambda p, o, k, m: (act(p, o, k), m), (None, 0, 0, 0))
 
     def play(key):
         def step(carry, key):
-            obs, state, won, over = carry
-            action = act(params, obs, jax.random.split(key, episodes))
+            obs, state, memory, won, over = carry
+            action, memory = batched(params, obs, jax.random.split(key, episodes), memory)
             got = env.step(jax.random.fold_in(key, 1), state, action)
             ended = (got.terminated | got.truncated) & ~over
-            return (got.obs, got.state, won | (ended & (got.reward >= 1.0)), over | ended), None
+            return (got.obs, got.state, memory, won | (ended & (got.reward >= 1.0)), over | ended), None
 
         obs, state = env.reset(key)
-        start = (obs, state, jnp.zeros(episodes, bool), jnp.zeros(episodes, bool))
-        (_, _, won, over), _ = jax.lax.scan(step, start, jax.random.split(key, env.max_episode_steps))
+        first = jax.tree.map(lambda m: jnp.broadcast_to(m, (episodes, *jnp.shape(m))), memory)
+        start = (obs, state, first, jnp.zeros(episodes, bool), jnp.zeros(episodes, bool))
+        (*_, won, over), _ = jax.lax.scan(step, start, jax.random.split(key, env.max_episode_steps))
         return won.mean(), over.all()
 
     rate, finished = jax.jit(play)(key)
