@@ -2,14 +2,16 @@
 (a yaml of a JaxMARL checkout): on MPE_simple_spread_v3 algorithms/ippo.py beside baselines/IPPO/ippo_ff_mpe.py,
 algorithms/mappo.py beside baselines/MAPPO/mappo_rnn_mpe.py (recurrent) and algorithms/pqn_vdn.py beside
 baselines/QLearning/pqn_vdn_ff.py; on SMAX-3m ippo.py and mappo.py (feed-forward) beside baselines/IPPO/ippo_rnn_smax.py
-and baselines/MAPPO/mappo_rnn_smax.py (recurrent), and ippo_rnn.py (recurrent) beside ippo_rnn_smax.py, their yamls'
-map set to 3m on both sides; on Overcooked's cramped_room ippo.py (--network cnn) beside
-baselines/IPPO/ippo_cnn_overcooked.py, its yaml's layout set to cramped_room on both sides (BASELINES).
+and baselines/MAPPO/mappo_rnn_smax.py (recurrent), ippo_rnn.py (recurrent) beside ippo_rnn_smax.py, and pqn_vdn.py
+beside baselines/QLearning/pqn_vdn_rnn.py (recurrent), their yamls' map set to 3m on both sides; on Overcooked's
+cramped_room ippo.py (--network cnn) beside baselines/IPPO/ippo_cnn_overcooked.py, its yaml's layout set to
+cramped_room on both sides (BASELINES).
 
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL                       # ippo.py: 4 seeds, 2e6 steps
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn --pairs 2     # 4 seeds, 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_smax --seeds 2   # SMAX-3m, 2e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_rnn_smax --seeds 2 --total-timesteps 1e6
+    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn_smax --seeds 2   # SMAX-3m, 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm mappo --seeds 2 --total-timesteps 1e6
 
 What it measures, each side in a fresh process with an empty JAX compile cache (JAX_COMPILATION_CACHE_DIR a
@@ -59,6 +61,7 @@ class Baseline(NamedTuple):
     differences: list  # how the two differ, and where they are alike
     overrides: dict = {}  # yaml keys set on both sides (the driver's --set)
     ours: dict = {}  # Config fields of the file the yaml has no key for, and the value they run at
+    unlike: dict = {}  # yaml keys at values the file has no counterpart for (each one of the differences)
 
 
 NOT_HYPERPARAMETERS = {"SEED", "NUM_SEEDS", "ENTITY", "PROJECT", "WANDB_MODE", "ENV_KWARGS"}  # seeds are set here
@@ -188,6 +191,42 @@ BASELINES = {
         ],
         overrides=dict(MAP_NAME="3m"),
     ),
+    "pqn_vdn_smax": Baseline(
+        name="pqn_vdn_rnn_smax",
+        file="pqn_vdn",
+        env="SMAX-3m",
+        source="baselines/QLearning/pqn_vdn_rnn.py",
+        config=os.path.join("baselines", "QLearning", "config", "alg", "pqn_vdn_rnn_smax.yaml"),
+        fields={
+            **{key: key.lower() for key in ("LR", "NUM_ENVS", "NUM_STEPS", "TOTAL_TIMESTEPS", "HIDDEN_SIZE")},
+            **{key: key.lower() for key in ("NUM_LAYERS", "NUM_MINIBATCHES", "GAMMA", "EPS_START")},
+            **dict(MAX_GRAD_NORM="max_grad_norm", EPS_FINISH="eps_end", EPS_DECAY="eps_fraction"),
+            **dict(NUM_EPOCHS="update_epochs", LR_LINEAR_DECAY="anneal_lr", LAMBDA="q_lambda"),
+            **dict(REW_SCALE="reward_scale"),
+        },
+        fixed=dict(ENV_NAME="HeuristicEnemySMAX", MAP_NAME="3m", ENV_KWARGS=SMAX_KWARGS, TEST_DURING_TRAINING=True)
+        | dict(TEST_INTERVAL=0.05, TEST_NUM_STEPS=128, TEST_NUM_ENVS=128),
+        unlike=dict(MEMORY_WINDOW=4, NORM_INPUT=True, NORM_TYPE="batch_norm"),
+        total_timesteps=1e6,
+        differences=[
+            "the networks: JaxMARL's is recurrent (NUM_LAYERS dense layers of HIDDEN_SIZE, each batch-normalised, "
+            "then a GRU, its state carried across rollouts with a MEMORY_WINDOW of 4 earlier steps replayed before "
+            "each sequence), its input batch-normalised (NORM_INPUT); pqn_vdn.py's feed-forward (the same dense "
+            "layers, LayerNorm after each: pqn.py's), its input as the env gives it",
+            "episode ends: SMAX's time limit (101 steps) is a truncation for pqn_vdn.py, bootstrapped from Q_tot of "
+            "the true last observation, and a termination for JaxMARL's Q(lambda) recursion",
+            "the optimiser: JaxMARL's RAdam, pqn_vdn.py's Adam (pqn.py's), each after a global-norm clip",
+            "JaxMARL's run includes its greedy tests (128 envs x 128 steps every 5% of updates), not counted in its "
+            "env steps/s; pqn_vdn.py's greedy evaluation runs after training, untimed",
+            "the final return: ours averages the episodes that ended in the last 5% of updates; JaxMARL's logged "
+            "`returned_episode_returns` (SMAXLogWrapper's, per agent) is the mean over every step, env and agent of "
+            "each env's last finished episode, over those updates; win rates: ours greedy after training (64 "
+            "episodes per seed), JaxMARL's the same mean of `returned_won_episode` (its sampling policy's)",
+            "the team's reward (the sum of the agents' rewards, scaled by REW_SCALE in the targets), Q_tot (the sum "
+            "of the agents' Q-values), agent ids in the input and illegal actions masked are alike",
+        ],
+        overrides=dict(MAP_NAME="3m"),
+    ),
     "ippo_overcooked": Baseline(
         name="ippo_cnn_overcooked",
         file="ippo",
@@ -283,8 +322,8 @@ def our_config(jaxmarl: str, algorithm: str, total_timesteps: float, seeds: int)
     of a key it has no field for that is not the one it does what that key says at."""
     baseline = BASELINES[algorithm]
     yaml = jaxmarl_config(jaxmarl, baseline) | baseline.overrides
-    unmapped = set(yaml) - set(baseline.fields) - NOT_HYPERPARAMETERS - set(baseline.fixed)
-    unmapped |= {key for key, value in baseline.fixed.items() if yaml.get(key, value) != value}
+    unmapped = set(yaml) - set(baseline.fields) - NOT_HYPERPARAMETERS - set(baseline.fixed) - set(baseline.unlike)
+    unmapped |= {key for key, value in (baseline.fixed | baseline.unlike).items() if yaml.get(key, value) != value}
     if unmapped or yaml.get("ENV_KWARGS", {}) != baseline.fixed.get("ENV_KWARGS", {}):
         where = f"{baseline.config}: no Config field of {baseline.file}.py"
         raise SystemExit(f"{where} for {sorted(unmapped) or 'ENV_KWARGS'} at the yaml's values")
@@ -424,7 +463,10 @@ def write_table(records: list, algorithm: str, config: dict, where: dict, path: 
         else "no JaxMARL measurement"
     )
     logged = (
-        "logged `returns` (SMAXLogWrapper's, per agent; its win rate likewise)"
+        "logged `returned_episode_returns` (SMAXLogWrapper's, per agent, averaged over steps, envs and agents; its "
+        "`returned_won_episode` likewise, as its win rate)"
+        if baseline.name == "pqn_vdn_rnn_smax"
+        else "logged `returns` (SMAXLogWrapper's, per agent; its win rate likewise)"
         if baseline.name.endswith("smax")
         else "logged `returns` (MPELogWrapper's returned_episode_returns at each rollout's last step, the sum over "
         "agents, averaged over actors), divided by the number of agents"
@@ -448,10 +490,9 @@ def write_table(records: list, algorithm: str, config: dict, where: dict, path: 
         "seeds per second of the compiled run. Final return per agent (the agents' mean reward summed over an "
         "episode), mean ± std over seeds: ours, the episodes that ended in the last 5% of updates; JaxMARL, its "
         f"{logged} over the last 5% of updates. Greedy eval: ours, 16 episodes after training; JaxMARL's (where "
-        "it runs one), its last "
-        "greedy test during training (episodes of 512 envs), per agent. Medians over pairs; each ratio is "
-        "ours / JaxMARL within one pair (order alternating). Load: the 1-minute load average before each "
-        "measurement.",
+        "it runs one), its last greedy test during training (episodes of its TEST_NUM_ENVS envs), per agent. "
+        "Medians over pairs; each ratio is ours / JaxMARL within one pair (order alternating). Load: the 1-minute "
+        "load average before each measurement.",
         "",
         "| side | seeds | env steps per seed | final return per agent | greedy eval | win rate | env steps/s "
         "| compile s | load |",

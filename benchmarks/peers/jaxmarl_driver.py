@@ -3,7 +3,9 @@ MPE_simple_spread_v3 IPPO (baselines/IPPO/ippo_ff_mpe.py, config/ippo_ff_mpe.yam
 (baselines/QLearning/pqn_vdn_ff.py, config/alg/pqn_vdn_ff_mpe.yaml) and the recurrent MAPPO
 (baselines/MAPPO/mappo_rnn_mpe.py); on SMAX the recurrent IPPO and MAPPO (ippo_rnn_smax.py, mappo_rnn_smax.py, whose
 map bench_marl.py sets with --set MAP_NAME='3m'), whose SMAXLogWrapper logs `returns` (per agent) and `win_rate` of
-the episodes that ended in each update (nan where none did); on Overcooked the CNN IPPO (ippo_cnn_overcooked.py,
+the episodes that ended in each update (nan where none did), and the recurrent PQN-VDN (pqn_vdn_rnn.py,
+config/alg/pqn_vdn_rnn_smax.yaml), which logs SMAXLogWrapper's infos averaged (`returned_episode_returns`,
+`returned_won_episode`); on Overcooked the CNN IPPO (ippo_cnn_overcooked.py,
 its layout set with --set ENV_KWARGS=...), whose LogWrapper's returns are per agent.
 
     python benchmarks/peers/jaxmarl_driver.py ippo_ff_mpe --jaxmarl /path/to/JaxMARL --seeds 4 --total-timesteps 2e6
@@ -81,7 +83,7 @@ class Peer(NamedTuple):
     config: str  # its yaml
     returns: str = "returned_episode_returns"  # the key its wandb.log call logs the episode returns under
     summed: bool = True  # that figure is MPELogWrapper's, the sum over agents (else per agent: SMAXLogWrapper's)
-    win_rate: bool = False  # it logs `win_rate` too (SMAX)
+    win_rate: str = ""  # the key it logs its win rate under (SMAX), if it does
     layout: bool = False  # its main() turns ENV_KWARGS' layout name into that Overcooked layout before make_train
 
 
@@ -89,7 +91,7 @@ BASELINES = {
     "ippo_ff_mpe": Peer("baselines/IPPO/ippo_ff_mpe.py", "baselines/IPPO/config/ippo_ff_mpe.yaml"),
     "pqn_vdn_ff_mpe": Peer("baselines/QLearning/pqn_vdn_ff.py", "baselines/QLearning/config/alg/pqn_vdn_ff_mpe.yaml"),
     "ippo_rnn_smax": Peer(
-        "baselines/IPPO/ippo_rnn_smax.py", "baselines/IPPO/config/ippo_rnn_smax.yaml", "returns", False, True
+        "baselines/IPPO/ippo_rnn_smax.py", "baselines/IPPO/config/ippo_rnn_smax.yaml", "returns", False, "win_rate"
     ),
     # logs `returns`: MPELogWrapper's returned_episode_returns at the rollout's last step, averaged over actors
     "mappo_rnn_mpe": Peer(
@@ -107,7 +109,14 @@ BASELINES = {
         "baselines/MAPPO/config/mappo_homogenous_rnn_smax.yaml",
         "returns",
         False,
-        True,
+        "win_rate",
+    ),
+    # logs the mean over steps, envs and agents of SMAXLogWrapper's infos: per agent, its won battles as 0/1
+    "pqn_vdn_rnn_smax": Peer(
+        "baselines/QLearning/pqn_vdn_rnn.py",
+        "baselines/QLearning/config/alg/pqn_vdn_rnn_smax.yaml",
+        summed=False,
+        win_rate="returned_won_episode",
     ),
 }
 NUMBER = re.compile(r"^[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?$")
@@ -296,7 +305,7 @@ def main() -> None:
     per_agent = logged_returns / num_agents if peer.summed else logged_returns
     last = max(1, int(np.ceil(updates * FINAL_FRACTION)))
     final = np.nanmean(per_agent[:, -last:], axis=1)  # SMAX's updates with no episode ended log nan
-    win_rates = logged_per_seed(logged, args.seeds, updates, "win_rate") if peer.win_rate else None
+    win_rates = logged_per_seed(logged, args.seeds, updates, peer.win_rate) if peer.win_rate else None
     wins = None if win_rates is None else np.nanmean(win_rates[:, -last:], axis=1)
     result = {
         "bench": f"jaxmarl_{args.baseline}",
@@ -319,7 +328,9 @@ def main() -> None:
         "final_win_rate_per_seed": None if wins is None else [float(x) for x in wins],
         "final_win_rate_mean": None if wins is None else float(np.mean(wins)),
         "final_updates": last,
-        "eval_return_mean": None if tests is None else float(np.mean(tests[:, -1]) / num_agents),
+        "eval_return_mean": None
+        if tests is None
+        else float(np.mean(tests[:, -1]) / (num_agents if peer.summed else 1)),
         "callback_calls": len(logged),
         "callback_shapes": sorted({str(np.shape(r[peer.returns])) for r in logged}),
         "callback_matches_metrics": None
