@@ -217,7 +217,7 @@ def make_networks(config: Config, num_actions: int, obs_shape: tuple, masked: bo
     return Networks(actor_critic=ActorCritic(num_actions, config.network, obs_shape, masked=masked, **shape))
 
 
-# ---- The GRU (the same in ppo_rnn.py, ippo_rnn.py: tests/test_files.py) ----
+# ---- The GRU (the same in ppo_rnn.py, ippo_rnn.py, mappo_rnn.py: tests/test_files.py) ----
 def gru_cell(kernel, bias, hidden, gates):
     """The state after one GRU step (flax GRUCell's equations) from the state fed to it [..., H] and the
     observation's gates [..., 3H] (reset r, update z, candidate n)."""

@@ -189,6 +189,7 @@ def make_networks(
     return Networks(actor=actor, critic=critic)
 
 
+# ---- The critic's input (the same in mappo.py, mappo_rnn.py: tests/test_files.py) ----
 def global_state(obs: jax.Array, obs_shape: tuple, world: jax.Array | None = None) -> jax.Array:
     """What each agent's critic reads, from one step's observations [..., A, *obs_shape] and the env's own global
     state `world` [..., S] (SMAX's world_state; S = 0 where it has none): that state, else every agent's observation

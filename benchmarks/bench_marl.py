@@ -2,15 +2,16 @@
 (a yaml of a JaxMARL checkout): on MPE_simple_spread_v3 algorithms/ippo.py beside baselines/IPPO/ippo_ff_mpe.py,
 algorithms/mappo.py beside baselines/MAPPO/mappo_rnn_mpe.py (recurrent) and algorithms/pqn_vdn.py beside
 baselines/QLearning/pqn_vdn_ff.py; on SMAX-3m ippo.py and mappo.py (feed-forward) beside baselines/IPPO/ippo_rnn_smax.py
-and baselines/MAPPO/mappo_rnn_smax.py (recurrent), ippo_rnn.py (recurrent) beside ippo_rnn_smax.py, and pqn_vdn.py
-beside baselines/QLearning/pqn_vdn_rnn.py (recurrent), their yamls' map set to 3m on both sides; on Overcooked's
-cramped_room ippo.py (--network cnn) beside baselines/IPPO/ippo_cnn_overcooked.py, its yaml's layout set to
-cramped_room on both sides (BASELINES).
+and baselines/MAPPO/mappo_rnn_smax.py (recurrent), ippo_rnn.py and mappo_rnn.py (recurrent) beside those two, and
+pqn_vdn.py beside baselines/QLearning/pqn_vdn_rnn.py (recurrent), their yamls' map set to 3m on both sides; on
+Overcooked's cramped_room ippo.py (--network cnn) beside baselines/IPPO/ippo_cnn_overcooked.py, its yaml's layout set
+to cramped_room on both sides (BASELINES).
 
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL                       # ippo.py: 4 seeds, 2e6 steps
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn --pairs 2     # 4 seeds, 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_smax --seeds 2   # SMAX-3m, 2e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_rnn_smax --seeds 2 --total-timesteps 1e6
+    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm mappo_rnn_smax --seeds 2  # 2e6 or 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn_smax --seeds 2   # SMAX-3m, 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm mappo --seeds 2 --total-timesteps 1e6
 
@@ -302,6 +303,34 @@ BASELINES = {
             "the optimisers: JaxMARL's actor and critic each have an Adam with its own global-norm clip, mappo.py "
             "one Adam over both after one clip; the learning-rate anneal: JaxMARL's falls once per update, "
             "mappo.py's at every gradient step",
+            SMAX_RETURNS,
+        ],
+        overrides=dict(MAP_NAME="3m"),
+    ),
+    "mappo_rnn_smax": Baseline(
+        name="mappo_rnn_smax",
+        file="mappo_rnn",
+        env="SMAX-3m",
+        source="baselines/MAPPO/mappo_rnn_smax.py",
+        config=os.path.join("baselines", "MAPPO", "config", "mappo_homogenous_rnn_smax.yaml"),
+        fields=RNN_FIELDS,
+        # mappo_rnn.py's SMAX-3m is this env on this map with these options, its critic SMAX's world state and the
+        # agent's id (OBS_WITH_AGENT_ID); its GRUs are as wide as its Dense layers.
+        fixed=dict(ENV_NAME="HeuristicEnemySMAX", MAP_NAME="3m", SCALE_CLIP_EPS=False, GRU_HIDDEN_DIM=128)
+        | dict(OBS_WITH_AGENT_ID=True, ENV_KWARGS=SMAX_KWARGS),
+        total_timesteps=2e6,
+        differences=[
+            "the networks alike: actor and critic each a dense layer of FC_DIM_SIZE, a GRU, a dense layer and the "
+            "output (mappo_rnn.py's Dense layers orthogonal(sqrt 2), JaxMARL's heads' orthogonal(2)); each agent's "
+            "GRU states reset where its episode starts; minibatches of whole agent sequences on both sides",
+            "the critic's input: SMAX's world state (get_world_state) and the agent's one-hot id on both sides",
+            "the observations: mappo_rnn.py's end with each agent's legal actions (its VecEnv's action mask), which "
+            "JaxMARL's actor reads apart; both mask illegal actions' logits",
+            "episode ends: SMAX's time limit (101 steps) is a truncation for mappo_rnn.py, bootstrapped from V of "
+            "the true last state and the critic's GRU state after the step, and a termination for JaxMARL's GAE",
+            "the optimisers: JaxMARL's actor and critic each have an Adam with its own global-norm clip, "
+            "mappo_rnn.py one Adam over both after one clip; the learning-rate anneal: JaxMARL's falls once per "
+            "update, mappo_rnn.py's at every gradient step",
             SMAX_RETURNS,
         ],
         overrides=dict(MAP_NAME="3m"),

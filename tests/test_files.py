@@ -183,8 +183,9 @@ def test_siblings_share_their_common_sections():
 # torso (--network, issue 44) about 44 more in each discrete-action file (CONVOLUTIONS, Conv, its Torso,
 # check_network). Overcooked's layouts and shaped reward (issue 45) cost each multi-agent file about 7 lines in its
 # env block and 6 in its algorithm: the mean went from 715 to 717. ippo_rnn.py (issue 45: ippo.py with ppo_rnn.py's GRU,
-# 790 lines, the multi-agent block's 262 among them) took it to 722.
-PPO_LINES, FILE_LINES, MEAN_LINES, SHARED_LINES = 625, 815, 722, 262
+# 790 lines, the multi-agent block's 262 among them) took it to 722, mappo_rnn.py (its critic recurrent too, 815
+# lines) to 727.
+PPO_LINES, FILE_LINES, MEAN_LINES, SHARED_LINES = 625, 815, 727, 262
 
 
 def test_files_keep_their_line_budgets():
