@@ -41,6 +41,7 @@ DEFAULTS = {
     "ippo": -21.0,  # MPE_simple_spread_v3, the agents' mean return: a uniformly random policy about -27.5
     "mappo": -21.0,
     "ippo_rnn": -21.0,  # the same env, its default 1M steps
+    "mappo_rnn": -21.0,
     "pqn_vdn": -13.0,  # the same env and return (its training episodes are epsilon-greedy at 0.1)
 }
 
