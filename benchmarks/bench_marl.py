@@ -11,7 +11,7 @@ to cramped_room on both sides (BASELINES).
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn --pairs 2     # 4 seeds, 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_smax --seeds 2   # SMAX-3m, 2e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm ippo_rnn_smax --seeds 2 --total-timesteps 1e6
-    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm mappo_rnn_smax --seeds 2  # 2e6 or 1e6
+    python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm mappo_rnn_smax --seeds 2  # SMAX-3m, 2e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm pqn_vdn_smax --seeds 2   # SMAX-3m, 1e6
     python benchmarks/bench_marl.py --jaxmarl /path/to/JaxMARL --algorithm mappo --seeds 2 --total-timesteps 1e6
 

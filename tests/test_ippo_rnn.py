@@ -156,15 +156,21 @@ def test_masked_actions_are_never_taken(rnn):
     legal = np.asarray(obs[..., -6:]) > 0
     assert (np.asarray(logits)[~legal] == -1e9).all() and (np.asarray(logits)[legal] > -1e8).all()
 
-    env = rnn.VecEnv("Parity", config.num_envs, env=parity_env(rnn))
-    train = rnn.make_train(config, env)
+    rollout_and_act_take_legal_actions(rnn, config)
+
+
+def rollout_and_act_take_legal_actions(module, config):
+    """In parity_env (test_action_masks.py), whose legal actions alternate, a recurrent file's rollout and its
+    make_act (greedy and sampled, carrying act.memory) take only legal actions (mappo_rnn.py's tests too)."""
+    env = module.VecEnv("Parity", config.num_envs, env=parity_env(module))
+    train = module.make_train(config, env)
     runner = jax.jit(train.init)(jax.random.PRNGKey(2))
     tr = jax.jit(train.rollout)(runner.params, runner.episodes, runner.hidden, 0.0, jax.random.PRNGKey(3))[2]
     assert (np.asarray(tr.reward) == 1.0).all()  # an illegal action earns -100
     for greedy in (True, False):
-        act = jax.jit(jax.vmap(rnn.make_act(config, greedy, env), (None, 0, 0, 0)))
-        memory = jnp.zeros((config.num_envs, AGENTS, config.hidden_size))
-        episode_obs = np.asarray(tr.obs)
+        act = module.make_act(config, greedy, env)
+        memory = jnp.broadcast_to(act.memory, (config.num_envs, *act.memory.shape))
+        act, episode_obs = jax.jit(jax.vmap(act, (None, 0, 0, 0))), np.asarray(tr.obs)
         for t in range(len(episode_obs)):
             action, memory = act(runner.params, episode_obs[t], jax.random.split(jax.random.PRNGKey(t), 8), memory)
             assert np.take_along_axis(episode_obs[t][..., -4:] > 0, np.asarray(action)[..., None], -1).all(), greedy

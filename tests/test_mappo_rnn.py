@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_action_masks import parity_env, random_masked_obs
+from test_action_masks import random_masked_obs
 from test_ippo import never_ending
-from test_ippo_rnn import AGENTS, OBS, coin_env
+from test_ippo_rnn import AGENTS, OBS, coin_env, rollout_and_act_take_legal_actions
 
 from conftest import load_algorithm
 
@@ -154,18 +154,7 @@ def test_masked_actions_are_never_taken(rnn):
     legal = np.asarray(obs[..., -6:]) > 0
     assert (np.asarray(logits)[~legal] == -1e9).all() and (np.asarray(logits)[legal] > -1e8).all()
 
-    env = rnn.VecEnv("Parity", config.num_envs, env=parity_env(rnn))
-    train = rnn.make_train(config, env)
-    runner = jax.jit(train.init)(jax.random.PRNGKey(2))
-    tr = jax.jit(train.rollout)(runner.params, runner.episodes, runner.hidden, 0.0, jax.random.PRNGKey(3))[2]
-    assert (np.asarray(tr.reward) == 1.0).all()  # an illegal action earns -100
-    for greedy in (True, False):
-        act = jax.jit(jax.vmap(rnn.make_act(config, greedy, env), (None, 0, 0, 0)))
-        memory = jnp.zeros((config.num_envs, AGENTS, config.hidden_size))
-        episode_obs = np.asarray(tr.obs)
-        for t in range(len(episode_obs)):
-            action, memory = act(runner.params, episode_obs[t], jax.random.split(jax.random.PRNGKey(t), 8), memory)
-            assert np.take_along_axis(episode_obs[t][..., -4:] > 0, np.asarray(action)[..., None], -1).all(), greedy
+    rollout_and_act_take_legal_actions(rnn, config)
 
 
 def test_act_carries_each_agents_memory(rnn, short):
