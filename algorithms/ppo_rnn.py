@@ -582,7 +582,8 @@ def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
     def evaluate(params, rng: jax.Array) -> jax.Array:
         def env_step(carry: Evaluating) -> Evaluating:
             rng, act_key, env_key = jax.random.split(carry.rng, 3)
-            action, memory = batched(params, carry.obs, jax.random.split(act_key, env.num_envs), carry.memory)
+            seen = (carry.obs, carry.env_state) if getattr(act, "reads_state", False) else carry.obs  # a planner's
+            action, memory = batched(params, seen, jax.random.split(act_key, env.num_envs), carry.memory)
             step = env.step(env_key, carry.env_state, action)
             total = carry.total + jnp.where(carry.alive, step.reward, 0.0)
             alive = carry.alive & ~(step.terminated | step.truncated)
@@ -592,8 +593,7 @@ def make_evaluate(config: Config, env: VecEnv | None = None) -> Callable:
         obs, env_state = env.reset(reset_key)
         memory = jax.tree.map(lambda m: jnp.broadcast_to(m, (env.num_envs, *jnp.shape(m))), start)
         first = Evaluating(env_state, obs, memory, jnp.zeros(env.num_envs), jnp.ones(env.num_envs, bool), rng, t=0)
-        running = lambda carry: carry.alive.any() & (carry.t < env.max_episode_steps)  # noqa: E731
-        return jax.lax.while_loop(running, env_step, first).total.mean()
+        return jax.lax.while_loop(lambda c: c.alive.any() & (c.t < env.max_episode_steps), env_step, first).total.mean()
 
     return evaluate
 

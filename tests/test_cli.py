@@ -364,8 +364,9 @@ def act_loop(module, config, params, rng: jax.Array) -> np.ndarray:
     @jax.jit
     def act_and_step(params, obs, state, memory, rng):
         rng, act_key, env_key = jax.random.split(rng, 3)
+        seen = (obs, state) if getattr(act, "reads_state", False) else obs  # a planner reads the env's state too
         if memory is None:
-            action = jax.vmap(act, in_axes=(None, 0, 0))(params, obs, jax.random.split(act_key, n))
+            action = jax.vmap(act, in_axes=(None, 0, 0))(params, seen, jax.random.split(act_key, n))
         else:
             action, memory = jax.vmap(act, in_axes=(None, 0, 0, 0))(params, obs, jax.random.split(act_key, n), memory)
         return jax.vmap(step)(jax.random.split(env_key, n), state, action), memory, rng
@@ -404,7 +405,8 @@ def test_load_run_and_make_act_act_as_the_evaluation(algo, module, copied_script
     config, params = check_load_run_and_make_act(module, algo, results_dir(*copied_script_run), SWEEP_LRS[1])
     sample = module.make_act(config, greedy=False)
     reset, _, contains = env_api(module.VecEnv(config.env_name, 1))
-    obs, memory = reset(jax.random.PRNGKey(0))[0], getattr(sample, "memory", None)
+    (obs, state), memory = reset(jax.random.PRNGKey(0)), getattr(sample, "memory", None)
+    obs = (obs, state) if getattr(sample, "reads_state", False) else obs  # a planner reads the env's state too
     for key in jax.random.split(jax.random.PRNGKey(1), 8):
         action = sample(params, obs, key) if memory is None else sample(params, obs, key, memory)[0]
         assert contains(action), action

@@ -48,6 +48,9 @@ def test_an_image_env_keeps_its_shape_through_the_run(name):
     obs = jnp.zeros((10, 10, 4), algo.VecEnv(IMAGE_ENV, 1).obs_dtype)
     act = algo.make_act(config)
     memory = getattr(act, "memory", None)
+    if getattr(act, "reads_state", False):  # a planner's act searches from the env's state
+        env = algo.VecEnv(IMAGE_ENV, 1)
+        obs = (obs, jax.tree.map(lambda x: x[0], env.reset(jax.random.PRNGKey(0))[1]))
     args = (params, obs, jax.random.PRNGKey(1)) + ((memory,) if memory is not None else ())
     action = jax.eval_shape(act, *args)
     assert (action[0] if memory is not None else action).shape == ()

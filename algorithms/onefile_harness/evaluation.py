@@ -66,10 +66,11 @@ def make_episode_recorder(algo, config):
     act = algo.make_act(config, env=env)
     start = getattr(act, "memory", None)  # as the file's make_evaluate: None for a policy without memory
     batched = jax.vmap(act if start is not None else lambda p, o, k, m: (act(p, o, k), m), (None, 0, 0, 0))
+    seen = (lambda c: (c.obs, c.env_state)) if getattr(act, "reads_state", False) else (lambda c: c.obs)  # a planner's
 
     def env_step(params, carry: Replaying, _):
         rng, act_key, env_key = jax.random.split(carry.rng, 3)
-        action, memory = batched(params, carry.obs, jax.random.split(act_key, 1), carry.memory)
+        action, memory = batched(params, seen(carry), jax.random.split(act_key, 1), carry.memory)
         step = env.step(env_key, carry.env_state, action)
         alive = carry.alive & ~(step.terminated | step.truncated)
         return Replaying(step.state, step.obs, memory, alive, rng), (carry.env_state, step.reward, carry.alive)

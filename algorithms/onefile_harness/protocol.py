@@ -40,7 +40,8 @@ the names below, and refuses a file whose HARNESS_PROTOCOL is not this module's 
                          batch): the policy greedy evaluation, --render and users act with
                          (greedy=False: sampling as in training). A recurrent policy's act is
                          act(params, obs, key, memory) -> (action, memory), with act.memory the
-                         memory an episode begins with
+                         memory an episode begins with. A planning policy's (act.reads_state, alphazero.py's)
+                         is act(params, (obs, env_state), key): it searches from the env's state
     load_run(run_dir, seed=0, point=0)
                          -> (config, params) of one run of a run directory (not used by the harness:
                          what a user calls after training)
