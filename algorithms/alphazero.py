@@ -225,32 +225,43 @@ def compute_gae(reward, value, next_value, terminated, done, gamma, gae_lambda):
     return advantage, advantage + value
 
 
-def value_targets(networks: Networks, params, tr: Transition, hp: HParams) -> jax.Array:
+def ply_sign(env: "VecEnv") -> float:
+    """-1 in a two-player zero-sum game (the env's `two_player`: pgx/NAME), whose rewards are the mover's and values
+    the player to move's, so that each ply's discount flips the sign of the value after it; else 1."""
+    return -1.0 if getattr(env.env, "two_player", False) else 1.0
+
+
+def value_targets(networks: Networks, params, tr: Transition, gamma, gae_lambda) -> jax.Array:
     """[T, N] lambda-returns of a rollout from the critic's values (h^-1 of its outputs) of each observation and of
-    the true next one: a truncation bootstraps from the state it cut off, a termination from nothing."""
+    the true next one: a truncation bootstraps from the state it cut off, a termination from nothing. In self-play
+    `gamma` is negative (ply_sign): each return is the player to move's."""
     values = networks.critic.apply(params["critic"], jnp.stack([tr.obs, tr.final_obs]))[..., 0]
     value, next_value = inverse_value_transform(values)
-    return compute_gae(tr.reward, value, next_value, tr.terminated, tr.done, hp.gamma, hp.gae_lambda)[1]
+    return compute_gae(tr.reward, value, next_value, tr.terminated, tr.done, gamma, gae_lambda)[1]
 
 
 def search(config: Config, networks: Networks, env: "VecEnv", params, obs, env_state, key, gamma, **options):
     """mctx's Gumbel MuZero search from B states (observations and env states [B, ...]), the env's own `step_env` as
     its model: mctx's PolicyOutput (the action chosen, the improved policy `action_weights`, the tree). `options`
     override the Config's num_simulations, or set gumbel_scale (1, as in training; 0: no noise, the greedy choice).
-    A termination's discount is 0, which ends every path through it; the search ignores time limits."""
-    actor = lambda obs: networks.actor.apply(params["actor"], obs)  # noqa: E731
+    A termination's discount is 0, which ends every path through it; the search ignores time limits. Where the env
+    has legal moves (`legal_action_mask`), the root's others are invalid and every node's prior is 0 on them."""
+    mask = getattr(env.env, "legal_action_mask", None)  # one state's legal moves: [num_actions] bool
+    legal = lambda state: jnp.bool_(True) if mask is None else jax.vmap(mask)(state)  # noqa: E731
+    actor = lambda obs, state: jnp.where(legal(state), networks.actor.apply(params["actor"], obs), -1e9)  # noqa: E731
     critic = lambda obs: inverse_value_transform(networks.critic.apply(params["critic"], obs)[..., 0])  # noqa: E731
 
     def model(_, key: jax.Array, action: jax.Array, env_state: Any):
         keys, step_env = jax.random.split(key, action.shape[0]), jax.vmap(env.env.step_env, in_axes=(0, 0, 0, None))
         obs, env_state, reward, terminated, _ = step_env(keys, env_state, action, env.params)
-        discount, reward = gamma * (1.0 - terminated), reward.astype(jnp.float32)
-        out = mctx.RecurrentFnOutput(reward=reward, discount=discount, prior_logits=actor(obs), value=critic(obs))
-        return out, env_state
+        discount, reward = ply_sign(env) * gamma * (1.0 - terminated), reward.astype(jnp.float32)
+        logits, value = actor(obs, env_state), critic(obs)
+        return mctx.RecurrentFnOutput(reward=reward, discount=discount, prior_logits=logits, value=value), env_state
 
-    root = mctx.RootFnOutput(prior_logits=actor(obs), value=critic(obs), embedding=env_state)
+    root = mctx.RootFnOutput(prior_logits=actor(obs, env_state), value=critic(obs), embedding=env_state)
+    invalid = None if mask is None else ~legal(env_state)
     default = dict(num_simulations=config.num_simulations, max_num_considered_actions=config.max_considered_actions)
-    return mctx.gumbel_muzero_policy(None, key, root, model, **default | options)
+    return mctx.gumbel_muzero_policy(None, key, root, model, invalid_actions=invalid, **default | options)
 
 
 def alphazero_loss(config: Config, networks: Networks, params, minibatch: Batch, hp: HParams, key: jax.Array):
@@ -275,7 +286,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
     require_model(env)
-    networks = make_networks(config, env.num_actions, env.obs_shape)
+    networks, sign = make_networks(config, env.num_actions, env.obs_shape), ply_sign(env)
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
     @jax.custom_batching.sequential_vmap  # seeds in turn: vmapped, orthogonal init's QRs can deadlock XLA's CPU pool
@@ -305,7 +316,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
     def make_batch(params, tr: Transition, hp: HParams) -> Batch:
         """The rollout with its value targets, flattened to [T * N]."""
-        batch = Batch(tr.obs, tr.search_policy, value_targets(networks, params, tr, hp))
+        batch = Batch(tr.obs, tr.search_policy, value_targets(networks, params, tr, sign * hp.gamma, hp.gae_lambda))
         return jax.tree.map(lambda x: x.reshape(T * N, *x.shape[2:]), batch)
 
     def learn(params, opt_state, batch: Batch, key: jax.Array, hp: HParams):

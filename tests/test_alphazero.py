@@ -60,10 +60,10 @@ class Chain(gymnax.environments.environment.Environment):
 CHAIN = types.SimpleNamespace(env=Chain(), params=Chain().default_params, num_actions=3, obs_shape=(3,))
 
 
-def chain_params(az, config, value: float, seed: int = 0):
+def chain_params(az, config, value: float, seed: int = 0, obs_shape=(3,), num_actions=3):
     """The networks' parameters with the critic's output a constant: h(value), so every state's value is `value`."""
-    networks = az.make_networks(config, 3, (3,))
-    keys, obs = jax.random.split(jax.random.PRNGKey(seed)), jnp.zeros((1, 3))
+    networks = az.make_networks(config, num_actions, obs_shape)
+    keys, obs = jax.random.split(jax.random.PRNGKey(seed)), jnp.zeros((1, *obs_shape))
     params = {"actor": networks.actor.init(keys[0], obs), "critic": networks.critic.init(keys[1], obs)}
     last = max(params["critic"]["params"], key=lambda name: int(name.split("_")[1]))
     layer = params["critic"]["params"][last]
@@ -132,7 +132,9 @@ def test_value_targets_are_lambda_returns_of_the_critics_values(az):
     hp = az.hparams_from(az.Config(gamma=0.9, gae_lambda=0.8))
     critic = lambda o: np.asarray(az.inverse_value_transform(networks.critic.apply(params["critic"], o)[..., 0]))  # noqa: E731
     _, want = reference_gae(reward, critic(obs), critic(final_obs), TERMINATED, TRUNCATED, 0.9, 0.8)
-    np.testing.assert_allclose(az.value_targets(networks, params, tr, hp), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        az.value_targets(networks, params, tr, hp.gamma, hp.gae_lambda), want, rtol=1e-4, atol=1e-4
+    )
 
 
 def test_the_loss_is_cross_entropy_to_the_search_policy_and_the_transformed_value_error(az):
@@ -154,3 +156,71 @@ def test_the_loss_is_cross_entropy_to_the_search_policy_and_the_transformed_valu
     np.testing.assert_allclose(stats["policy_loss"], policy_loss, rtol=1e-5)
     np.testing.assert_allclose(stats["value_loss"], value_loss, rtol=1e-5)
     np.testing.assert_allclose(loss, policy_loss + 0.7 * value_loss, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def connect_four(az):
+    """pgx's connect_four through the harness's suite (pgx/connect_four), as alphazero.py's VecEnv takes it."""
+    pytest.importorskip("pgx")
+    from onefile_harness import suites
+
+    suites.register("pgx/connect_four")
+    return az.VecEnv("pgx/connect_four", 1)
+
+
+def play_columns(env, columns):
+    """The suite env's states and steps along a game of these moves (columns), from one reset."""
+    obs, state = env.env.reset_env(jax.random.PRNGKey(3), env.params)
+    steps = []
+    for column in columns:
+        step = env.env.step_env(jax.random.PRNGKey(0), state, jnp.int32(column), env.params)
+        steps.append((obs, *step[:4]))
+        obs, state = step[0], step[1]
+    return steps, state
+
+
+def test_self_play_targets_are_plus_one_for_the_winners_plies_and_minus_one_for_the_losers(az, connect_four):
+    """A game the first player wins at its 4th move (columns 0, 1, 0, 1, 0, 1, 0): the mover's reward is +1 at the
+    winning ply only; value_targets with the ply's sign flip (gamma 1, lambda 1: Monte Carlo) and a critic valuing
+    every state 0 give +1 to every ply of the winner and -1 to every ply of the loser."""
+    assert az.ply_sign(connect_four) == -1.0 and az.ply_sign(az.VecEnv("CartPole-v1", 1)) == 1.0
+    steps, _ = play_columns(connect_four, [0, 1, 0, 1, 0, 1, 0])
+    obs, next_obs, _, reward, terminated = (np.stack(x)[:, None] for x in zip(*steps, strict=True))
+    np.testing.assert_array_equal(reward[:, 0], [0, 0, 0, 0, 0, 0, 1])
+    assert terminated[-1] and not terminated[:-1].any()
+    config = az.Config(env_name="pgx/connect_four")
+    networks, params = chain_params(az, config, value=0.0, obs_shape=connect_four.obs_shape, num_actions=7)
+    tr = az.Transition(obs, None, None, reward, terminated.astype(np.float32), terminated, next_obs)
+    targets = az.value_targets(networks, params, tr, az.ply_sign(connect_four) * 1.0, 1.0)[:, 0]
+    np.testing.assert_allclose(targets, [1, -1, 1, -1, 1, -1, 1], atol=1e-5)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_search_never_picks_an_illegal_move(az, connect_four, greedy):
+    """With column 3 full (six moves in it), the search, greedy or sampling as in training, never plays it and gives it
+    no weight in the improved policy, though the untrained prior is near uniform, for 64 keys."""
+    steps, state = play_columns(connect_four, [3] * 6)
+    obs = steps[-1][1]
+    assert not bool(connect_four.env.legal_action_mask(state)[3])
+    config = az.Config(env_name="pgx/connect_four", num_simulations=32)
+    networks, params = chain_params(az, config, value=0.0, obs_shape=connect_four.obs_shape, num_actions=7)
+    batch = jax.tree.map(lambda x: jnp.broadcast_to(x, (64, *jnp.shape(x))), (obs, state))
+    plan = az.search(
+        config, networks, connect_four, params, *batch, jax.random.PRNGKey(4), jnp.float32(1.0),
+        gumbel_scale=0.0 if greedy else 1.0,
+    )  # fmt: skip
+    assert not (plan.action == 3).any() and (plan.action_weights[:, 3] == 0).all()
+
+
+def test_the_self_play_search_blocks_the_opponents_win(az, connect_four):
+    """After columns 0, 6, 0, 6, 0 the first player threatens to win in column 0: the second player's search (a critic
+    valuing every state 0, so only the rewards speak) blocks it there, since every other move lets the opponent win:
+    Q -1 for them, through the sign flipped at each ply (unflipped, the opponent's win would count as its own)."""
+    steps, state = play_columns(connect_four, [0, 6, 0, 6, 0])
+    config = az.Config(env_name="pgx/connect_four", num_simulations=256)
+    networks, params = chain_params(az, config, value=0.0, obs_shape=connect_four.obs_shape, num_actions=7)
+    batch = jax.tree.map(lambda x: jnp.broadcast_to(x, (8, *jnp.shape(x))), (steps[-1][1], state))
+    plan = az.search(config, networks, connect_four, params, *batch, jax.random.PRNGKey(5), jnp.float32(1.0))
+    q = np.asarray(plan.search_tree.qvalues(jnp.zeros(8, jnp.int32)))
+    np.testing.assert_array_equal(plan.action, 0)
+    assert (q[:, 0] > -0.1).all() and (q[:, 1:] < -0.4).all(), np.round(q, 2)

@@ -41,6 +41,7 @@ SUITES = {
     "atari": Suite(
         "envpool", "pip install envpool==1.2.5", "discrete", "Pong-v5, Breakout-v5, ... (envpool's Atari task ids)"
     ),
+    "pgx": Suite("pgx", "pip install pgx==2.6.0", "discrete", "connect_four, tic_tac_toe, othello, ... (pgx's ids)"),
 }
 
 
@@ -62,16 +63,21 @@ def register(env_name: str) -> None:
     suite = SUITES[prefix]
     if importlib.util.find_spec(suite.module) is None:
         raise UsageError(f"--env-name {env_name} needs the {suite.module} package: {suite.install}")
-    env = {"brax": brax_env, "craftax": craftax_env, "xminigrid": xminigrid_env, "atari": atari_env}[prefix]
+    env = {"brax": brax_env, "craftax": craftax_env, "xminigrid": xminigrid_env, "atari": atari_env, "pgx": pgx_env}[
+        prefix
+    ]
     env = env(env_name, name)
     gymnax.register(env_name, lambda **kwargs: env)
 
 
-def suite_env(name: str, start: Callable, transition: Callable, spaces: tuple, max_steps: int, envs_per_reset: int):
+def suite_env(
+    name: str, start: Callable, transition: Callable, spaces: tuple, max_steps: int, envs_per_reset: int, legal=None
+):
     """A gymnax Environment around a suite's raw env, given as `start(key) -> (obs, inner)` and
     `transition(key, inner, action) -> (obs, inner, reward, natural termination)`; `spaces` are the
     (action, observation) gymnax spaces and `max_steps` the time limit. A run's env redraws one
-    fresh episode per `envs_per_reset` envs and step (1: gymnax's own auto-reset, one per env)."""
+    fresh episode per `envs_per_reset` envs and step (1: gymnax's own auto-reset, one per env).
+    `legal(inner)`, where given, is the legal actions' mask: the env's `legal_action_mask(state)`."""
     from flax import struct
     from gymnax.environments import environment
 
@@ -109,6 +115,8 @@ def suite_env(name: str, start: Callable, transition: Callable, spaces: tuple, m
         def observation_space(self, params=None):
             return spaces[1]
 
+    if legal is not None:
+        SuiteEnv.legal_action_mask = lambda self, state: legal(state.inner)
     env = SuiteEnv()
     env.envs_per_reset = envs_per_reset
     return env
@@ -206,6 +214,34 @@ def xminigrid_env(env_name: str, name: str):
     return suite_env(
         env_name, start, transition, (action_space, observation_space), params.max_steps, envs_per_reset=32
     )
+
+
+def pgx_env(env_name: str, name: str):
+    """`pgx/NAME`: a pgx game. Its observation is the player to move's and the reward the mover's; in a two-player
+    game (connect_four, othello, ...) the env's `two_player` is True: a planner's values are the player to move's,
+    and each ply flips their sign (alphazero.py's self-play). `legal_action_mask(state)`: the legal moves."""
+    import pgx
+    from gymnax.environments import spaces
+
+    if name not in pgx.available_envs():
+        raise UsageError(f"--env-name {env_name}: pgx has no {name!r}; it has {', '.join(pgx.available_envs())}")
+    game = pgx.make(name)
+
+    def start(key):
+        state = game.init(key)
+        return state.observation, state
+
+    def transition(key, state, action):
+        mover = state.current_player
+        state = game.step(state, action, key)
+        return state.observation, state, state.rewards[mover], state.terminated
+
+    obs = jax.eval_shape(game.init, jax.random.PRNGKey(0)).observation
+    space = (spaces.Discrete(game.num_actions), spaces.Box(0, 1, obs.shape, obs.dtype))
+    # pgx's own limits (go's, ...) are terminations with its rewards; this one only bounds an evaluation's loop.
+    env = suite_env(env_name, start, transition, space, 10_000, envs_per_reset=1, legal=lambda s: s.legal_action_mask)
+    env.two_player = game.num_players == 2
+    return env
 
 
 def atari_env(env_name: str, name: str):
