@@ -43,6 +43,7 @@ DEFAULTS = {
     "ippo_rnn": -21.0,  # the same env, its default 1M steps
     "mappo_rnn": -21.0,
     "pqn_vdn": -13.0,  # the same env and return (its training episodes are epsilon-greedy at 0.1)
+    "alphazero": 475.0,  # CartPole-v1, each action a search over the env's own step
 }
 
 

@@ -2,6 +2,7 @@
 chain whose rewards and terminations are known), the value transform, the value targets (lambda-returns of the
 critic's values with terminations and truncations, against NumPy), the loss, and the greedy act's plan."""
 
+import dataclasses
 import types
 
 import chex
@@ -224,3 +225,15 @@ def test_the_self_play_search_blocks_the_opponents_win(az, connect_four):
     q = np.asarray(plan.search_tree.qvalues(jnp.zeros(8, jnp.int32)))
     np.testing.assert_array_equal(plan.action, 0)
     assert (q[:, 0] > -0.1).all() and (q[:, 1:] < -0.4).all(), np.round(q, 2)
+
+
+@pytest.mark.slow  # a compile of its own, about 20 s
+def test_the_command_line_plays_connect_four_by_self_play(az, connect_four, tmp_path):
+    """`python algorithms/alphazero.py --env-name pgx/connect_four` (test_cli's small run) writes a complete run
+    directory through the harness's pgx suite; the mover's returns are 0 (a draw) to 1 (a game won)."""
+    from specs import SPECS
+    from test_suites import check_run_directory, command_line
+
+    spec = dataclasses.replace(SPECS["alphazero"], env="pgx/connect_four", obs_dim=84, return_range=(0, 1))
+    flags = (*spec.small, "--env-name", "pgx/connect_four", "--gamma", "1.0")
+    check_run_directory("alphazero", spec, az, command_line("alphazero", flags, tmp_path), flags)
