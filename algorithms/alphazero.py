@@ -44,7 +44,7 @@ class Config:
     """Each field is a flag (`lr` is --lr), annotated with its help, then the rules its value satisfies."""
 
     env_name: Annotated[str, "a gymnax environment with discrete actions (gymnax.registered_envs)"] = "CartPole-v1"
-    total_timesteps: Annotated[int, "env steps per run (all envs together)", "total_timesteps < 2**31"] = 98_304
+    total_timesteps: Annotated[int, "env steps per run (all envs together)", "total_timesteps < 2**31"] = 131_072
     num_envs: Annotated[int, "parallel environments per run", "0 < num_envs < 2**31"] = 16
     num_steps: Annotated[int, "steps per environment in each rollout", "0 < num_steps < 2**31"] = 32
     update_epochs: Annotated[int, "passes over each rollout batch", "0 < update_epochs < 2**31"] = 4
