@@ -60,6 +60,20 @@ def initial_runners(train, plan: RunPlan):
     return jax.jit(one_by_one)(plan.keys, plan.hparams)
 
 
+def runs_apart(function, plan: RunPlan, replicated: tuple = ()):
+    """`function` of arrays with a leading run axis (but the arguments `replicated`, given whole to every device)
+    run on each device for that device's runs, as one program per device (`jax.shard_map`): the runs never talk
+    to each other, so no device waits on another. Under jit's sharding alone, XLA's partitioner kept alphazero.py's
+    search (mctx's batched tree updates) as one program over both CPU devices, 11x slower (docs/speed-tricks.md)."""
+    runs, whole = jax.sharding.PartitionSpec("runs"), jax.sharding.PartitionSpec()
+
+    def sharded(*args):
+        specs = tuple(whole if i in replicated else runs for i in range(len(args)))
+        return jax.shard_map(function, mesh=plan.sharding.mesh, in_specs=specs, out_specs=runs, check_vma=False)(*args)
+
+    return sharded
+
+
 def compile_programs(algo, config, train, plan: RunPlan, population: pbt.Settings | None = None):
     """The first runners (on the devices) and the compiled programs that train and evaluate them.
     With --pbt a chunk is one PBT interval, ending with the exploit/explore step."""
@@ -68,9 +82,11 @@ def compile_programs(algo, config, train, plan: RunPlan, population: pbt.Setting
     run = jax.vmap(chunk_updates(train, chunk, config.num_updates), (0, None))
     if population is not None:
         run = pbt.with_exploit(run, population, config.num_updates, algo, config)
+    else:  # each device trains its runs alone (PBT's exploit step reads every run)
+        run = runs_apart(run, plan, replicated=(1,))
     # The runners are donated: each chunk updates them (replay buffers included) in place.
     run = jax.jit(run, out_shardings=plan.sharding, donate_argnums=0)
-    evaluate = jax.jit(jax.vmap(suites.make_evaluate(algo, config)), out_shardings=plan.sharding)
+    evaluate = jax.jit(runs_apart(jax.vmap(suites.make_evaluate(algo, config)), plan), out_shardings=plan.sharding)
     run = run.lower(runner, jnp.int32(0)).compile()
     jax.block_until_ready(runner)
     return runner, Programs(run=run, evaluate=evaluate, chunk=chunk)
