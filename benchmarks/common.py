@@ -80,7 +80,7 @@ def machine() -> dict:
     import jax
 
     versions = {}
-    for package in ("jax", "jaxlib", "flax", "optax", "gymnax", "distrax", "jaxmarl"):
+    for package in ("jax", "jaxlib", "flax", "optax", "gymnax", "distrax", "jaxmarl", "mctx", "pgx"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
