@@ -177,7 +177,6 @@ def make_networks(config: Config, num_actions: int, obs_shape: tuple) -> Network
 # ---- The algorithm: the search, its targets, the loss, and the training loop ----
 class Transition(NamedTuple):
     obs: jax.Array  # [T, N, *obs_shape]
-    action: jax.Array  # [T, N] the search's choice
     search_policy: jax.Array  # [T, N, num_actions] the search's improved policy (the policy's target)
     reward: jax.Array  # [T, N]
     terminated: jax.Array  # [T, N]
@@ -285,7 +284,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
     `train.update(runner, update_index)` in a `lax.scan`, in `env` (default: VecEnv(env_name, num_envs))."""
     validate(config)
     env = VecEnv(config.env_name, config.num_envs) if env is None else env
-    require_model(env)
+    require(hasattr(env.env, "step_env"), f"--env-name {config.env_name}: the search steps a gymnax env's step_env")
     networks, sign = make_networks(config, env.num_actions, env.obs_shape), ply_sign(env)
     T, N, M = config.num_steps, config.num_envs, config.num_minibatches
 
@@ -308,7 +307,7 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
             step = env.step(env_key, episodes.env_state, plan.action)
             done = step.terminated | step.truncated
             transition = Transition(
-                episodes.obs, plan.action, plan.action_weights, step.reward, step.terminated, done, step.final_obs
+                episodes.obs, plan.action_weights, step.reward, step.terminated, done, step.final_obs
             )
             return episodes.after(step), transition
 
@@ -325,8 +324,8 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
         def minibatch_step(train, inputs):
             (params, opt_state), (minibatch, key) = train, inputs
-            loss = alphazero_loss
-            grads, stats = jax.grad(loss, argnums=2, has_aux=True)(config, networks, params, minibatch, hp, key)
+            loss = jax.grad(alphazero_loss, argnums=2, has_aux=True)
+            grads, stats = loss(config, networks, params, minibatch, hp, key)
             updates, opt_state = optimizer.update(grads, opt_state)
             return (optax.apply_updates(params, updates), opt_state), {**stats, "grad_norm": optax.tree.norm(grads)}
 
@@ -354,11 +353,6 @@ def make_train(config: Config, env: "VecEnv | None" = None) -> Callable:
 
     train.init, train.update = init, update
     return train
-
-
-def require_model(env: "VecEnv") -> None:
-    """The search steps the env's own `step_env` (gymnax's step before its time limit and auto-reset)."""
-    require(hasattr(env.env, "step_env"), f"--env-name {env.env!r}: alphazero.py plans with gymnax's step_env")
 
 
 # ---- The policy's action ----

@@ -129,7 +129,7 @@ def test_value_targets_are_lambda_returns_of_the_critics_values(az):
     rng = np.random.default_rng(0)
     obs, final_obs = (rng.normal(size=(*TERMINATED.shape, 4)).astype(np.float32) for _ in range(2))
     reward = rng.normal(size=TERMINATED.shape).astype(np.float32)
-    tr = az.Transition(obs, None, None, reward, TERMINATED.astype(np.float32), TERMINATED | TRUNCATED, final_obs)
+    tr = az.Transition(obs, None, reward, TERMINATED.astype(np.float32), TERMINATED | TRUNCATED, final_obs)
     hp = az.hparams_from(az.Config(gamma=0.9, gae_lambda=0.8))
     critic = lambda o: np.asarray(az.inverse_value_transform(networks.critic.apply(params["critic"], o)[..., 0]))  # noqa: E731
     _, want = reference_gae(reward, critic(obs), critic(final_obs), TERMINATED, TRUNCATED, 0.9, 0.8)
@@ -191,7 +191,7 @@ def test_self_play_targets_are_plus_one_for_the_winners_plies_and_minus_one_for_
     assert terminated[-1] and not terminated[:-1].any()
     config = az.Config(env_name="pgx/connect_four")
     networks, params = chain_params(az, config, value=0.0, obs_shape=connect_four.obs_shape, num_actions=7)
-    tr = az.Transition(obs, None, None, reward, terminated.astype(np.float32), terminated, next_obs)
+    tr = az.Transition(obs, None, reward, terminated.astype(np.float32), terminated, next_obs)
     targets = az.value_targets(networks, params, tr, az.ply_sign(connect_four) * 1.0, 1.0)[:, 0]
     np.testing.assert_allclose(targets, [1, -1, 1, -1, 1, -1, 1], atol=1e-5)
 
